@@ -1,0 +1,29 @@
+"""Shared fixtures. MPI tests launch ``mpiexec`` from here (see :func:`mpi`)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from workbench.runtime.launcher import MPILaunchError, run_mpi
+
+ROOT = Path(__file__).resolve().parent.parent
+MPI_DIR = Path(__file__).resolve().parent / "mpi"
+
+
+@pytest.fixture
+def mpi(tmp_path, monkeypatch):
+    """``mpi(nranks, *python_args, timeout=...)`` runs ``python -m mpi4py <args>`` under mpiexec.
+
+    Each test gets its own all-reduce tuning cache. A failing job fails the test with the
+    failed ranks and their tracebacks (:class:`MPILaunchError`); a hang is killed at the timeout.
+    """
+    monkeypatch.setenv("WORKBENCH_TUNING_CACHE", str(tmp_path / "tuning.json"))
+
+    def launch(nranks: int, *args: str, timeout: float = 240):
+        try:
+            return run_mpi(nranks, list(args), timeout=timeout, cwd=ROOT)
+        except MPILaunchError as exc:
+            pytest.fail(str(exc), pytrace=False)
+
+    return launch

@@ -1,0 +1,70 @@
+"""The ``workbench`` command: bad input is refused before mpiexec starts; the benchmark runs."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from workbench.cli import main
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--algorithms", "ring,fastest"], "--algorithms: unknown 'fastest'; choose 'all' or a comma-separated list of: auto, native, ring"),
+    (["--sizes", "4K,lots"], "--sizes: 'LOTS' is not a size like 4K"),
+    (["--sizes", "0"], "is not a size like"),
+    (["--ranks", "0"], "argument --ranks: must be an integer >= 1"),
+    (["--ranks", "two"], "--ranks: must be an integer >= 1"),
+    (["--dtype", "int8"], "--dtype: invalid choice: 'int8' (choose from 'float64', 'float32'"),
+])
+def test_bad_bench_arguments_name_the_option_and_allowed_values(argv, message, capsys, monkeypatch):
+    launched = []
+    monkeypatch.setattr("workbench.cli.run_mpi", lambda *a, **k: launched.append(a))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "allreduce", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert launched == []  # nothing was launched
+
+
+def test_algorithms_lists_every_name(capsys):
+    assert main(["algorithms"]) == 0
+    names = capsys.readouterr().out.split()
+    assert names[:2] == ["auto", "native"] and "halving_doubling" in names
+
+
+@pytest.mark.mpi
+def test_bench_allreduce_prints_a_table_and_writes_json(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_TUNING_CACHE", str(tmp_path / "tuning.json"))
+    out = tmp_path / "sub" / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "bench", "allreduce", "--ranks", "3",
+                           "--sizes", "4K,256K", "--json", str(out)],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "median ms" in proc.stdout and "busbw GB/s" in proc.stdout and "256KB" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["ranks"] == 3
+    rows = report["results"]
+    for size in (4096, 256 << 10):
+        names = {r["algorithm"] for r in rows if r["bytes"] == size}
+        assert names == {"auto", "native", "ring", "recursive_doubling", "halving_doubling",
+                         "binary_tree", "double_binary_tree", "gloo"}
+    for r in rows:
+        assert r["median_s"] > 0
+        assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["median_s"] / 1e9)
+        assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"] * 2 * 2 / 3)  # 2(n-1)/n
+        assert r["vs_native"] == pytest.approx(
+            r["median_s"] / next(x["median_s"] for x in rows
+                                 if x["bytes"] == r["bytes"] and x["algorithm"] == "native"))
+    assert set(report["auto_choice"]) == {"4K", "256K"}
+
+
+def test_bench_failure_is_reported_with_exit_code_1(tmp_path, monkeypatch, capsys):
+    from workbench.runtime.launcher import MPILaunchError
+
+    def fail(*args, **kwargs):
+        raise MPILaunchError("MPI job on 2 ranks exited with code 1: rank(s) 1 failed", [1], "")
+    monkeypatch.setattr("workbench.cli.run_mpi", fail)
+    assert main(["bench", "allreduce", "--ranks", "2"]) == 1
+    assert "rank(s) 1 failed" in capsys.readouterr().err

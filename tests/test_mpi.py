@@ -1,0 +1,60 @@
+"""Collectives over real MPI: each test launches mpiexec (see the ``mpi`` fixture)."""
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from workbench.collectives import schedules
+from workbench.runtime.launcher import MPILaunchError, run_mpi
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4, 5])
+def test_allreduce_cases_under_mpiexec(mpi, nranks):
+    """Every algorithm x dtype x odd length, numpy and torch, against MPI_Allreduce."""
+    result = mpi(nranks, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                 "tests/mpi/allreduce_cases.py", timeout=280)
+    for rank in range(nranks):
+        summary = [line for line in result.lines_of(rank) if re.search(r"\d+ passed", line)]
+        assert summary, f"rank {rank} printed no pytest summary:\n{result.output[-3000:]}"
+        assert "failed" not in summary[-1] and "error" not in summary[-1], summary[-1]
+        passed = int(re.search(r"(\d+) passed", summary[-1]).group(1))
+        assert passed >= 190, summary[-1]  # the whole matrix (192 cases) ran on every rank
+
+
+@pytest.mark.parametrize("algorithm", [*schedules.ALGORITHMS, "native"])
+def test_mismatched_lengths_fail_fast_with_a_clear_error(algorithm, tmp_path):
+    start = time.monotonic()
+    with pytest.raises(MPILaunchError) as info:
+        run_mpi(3, ["tests/mpi/mismatch.py", algorithm], timeout=60)
+    assert time.monotonic() - start < 30
+    assert "no error raised" not in info.value.output
+    assert info.value.failed_ranks, info.value.output
+    if algorithm != "native":  # native's message is MPICH's own
+        assert "ranks passed buffers of different lengths" in str(info.value)
+
+
+def test_a_rank_that_raises_is_named_with_its_traceback():
+    start = time.monotonic()
+    with pytest.raises(MPILaunchError) as info:
+        run_mpi(4, ["tests/mpi/failing_rank.py", "raise", "2"], timeout=60)
+    assert time.monotonic() - start < 30
+    assert info.value.failed_ranks == [2]
+    assert "rank(s) 2 failed" in str(info.value)
+    assert "RuntimeError: injected failure on rank 2" in str(info.value)
+
+
+def test_a_hanging_rank_is_killed_at_the_timeout():
+    start = time.monotonic()
+    with pytest.raises(MPILaunchError, match="ran past its 5 s timeout"):
+        run_mpi(3, ["tests/mpi/failing_rank.py", "hang", "1"], timeout=5)
+    assert time.monotonic() - start < 20
+
+
+@pytest.mark.parametrize("bad", [0, -2, 1.5, True])
+def test_bad_rank_count_is_refused_before_launch(bad):
+    with pytest.raises(ValueError, match="nranks must be an integer >= 1"):
+        run_mpi(bad, ["-c", "pass"])

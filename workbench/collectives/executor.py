@@ -1,0 +1,169 @@
+"""Run any :class:`Schedule` over MPI, in place, on numpy arrays and CPU torch tensors.
+
+Per step each rank posts all its receives (``Irecv``) and sends (``Isend``) on views of the
+buffer as raw bytes, waits for all of them, then applies what arrived: that is the
+pre-step read semantics of a Schedule. Reductions land in a reusable workspace first and are
+added afterwards; copies go straight into the buffer when no send of the same step reads
+that region. Transfers of adjacent chunks between the same pair in one step travel as one
+message. Nothing is pickled on this path.
+
+A plan (per rank: byte ranges per step) is compiled once per (schedule, length, item size,
+rank) and cached.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from itertools import groupby
+
+import numpy as np
+from mpi4py import MPI
+
+from .buffers import FlatBuffer
+from .schedule import Schedule, chunk_bounds
+
+_COMMS: dict[int, MPI.Comm] = {}
+
+
+def private_comm(comm: MPI.Comm) -> MPI.Comm:
+    """A duplicate of ``comm`` reserved for the executor (collective on first use).
+
+    Our point-to-point messages then never match a user's messages on ``comm``.
+    """
+    key = comm.py2f()
+    dup = _COMMS.get(key)
+    if dup is None:
+        dup = _COMMS[key] = comm.Dup()
+    return dup
+
+
+@dataclass(frozen=True)
+class _Run:
+    peer: int
+    start: int  # element offsets into the flat buffer
+    stop: int
+    reduce: bool
+
+
+@dataclass(frozen=True)
+class _Step:
+    sends: tuple[_Run, ...]
+    recvs: tuple[_Run, ...]
+    direct: tuple[bool, ...]  # per recv: copy straight into the buffer (no workspace)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One rank's part of a schedule for one buffer length, in elements."""
+
+    steps: tuple[_Step, ...]
+    workspace_elems: int  # the most elements that arrive into the workspace in one step
+
+
+def _runs(transfers, bounds, peer_of) -> list[_Run]:
+    """Group transfers by (peer, reduce) and merge adjacent chunks into single messages.
+
+    Sender and receiver run this on the same transfer list, so both sides post matching
+    messages in the same order (MPI keeps messages between a pair in order).
+    """
+    out = []
+    key = lambda t: (peer_of(t), t.reduce)  # noqa: E731
+    for (peer, reduce), group in groupby(sorted(transfers, key=lambda t: (*key(t), t.chunk)), key):
+        group = list(group)
+        start, stop = bounds[group[0].chunk]
+        prev = group[0].chunk
+        for t in group[1:]:
+            if t.chunk == prev + 1:
+                stop = bounds[t.chunk][1]
+            else:
+                out.append(_Run(peer, start, stop, reduce))
+                start, stop = bounds[t.chunk]
+            prev = t.chunk
+        out.append(_Run(peer, start, stop, reduce))
+    return out
+
+
+@lru_cache(maxsize=256)
+def compile_plan(schedule: Schedule, length: int, rank: int) -> Plan:
+    """Compile ``schedule`` into ``rank``'s message list for a buffer of ``length`` elements."""
+    bounds = chunk_bounds(length, schedule.nchunks)
+    steps, workspace = [], 0
+    for step in schedule.steps:
+        sends = _runs([t for t in step if t.src == rank], bounds, lambda t: t.dst)
+        recvs = _runs([t for t in step if t.dst == rank], bounds, lambda t: t.src)
+        direct = tuple(not r.reduce and not any(s.start < r.stop and r.start < s.stop for s in sends)
+                       for r in recvs)
+        workspace = max(workspace, sum(r.stop - r.start for r, d in zip(recvs, direct) if not d))
+        steps.append(_Step(tuple(sends), tuple(recvs), direct))
+    return Plan(tuple(steps), workspace)
+
+
+class _Workspace:
+    """A grow-only scratch buffer, so large all-reduces don't page-fault fresh memory each call."""
+
+    def __init__(self) -> None:
+        self.raw = np.empty(0, dtype=np.uint8)
+
+    def get(self, nbytes: int) -> np.ndarray:
+        if self.raw.nbytes < nbytes:
+            self.raw = np.empty(nbytes, dtype=np.uint8)
+        return self.raw
+
+
+_workspace = _Workspace()
+
+
+class LengthMismatchError(ValueError):
+    """Ranks called a collective with buffers of different lengths or dtypes."""
+
+
+def execute(schedule: Schedule, flat: FlatBuffer, comm: MPI.Comm) -> None:
+    """Run ``schedule`` on ``flat`` (a validated, contiguous :class:`FlatBuffer`) over ``comm``.
+
+    ``comm`` should be a :func:`private_comm`. Raises :class:`LengthMismatchError` when a
+    message of unexpected size arrives (ranks passed buffers of different lengths).
+    """
+    rank = comm.Get_rank()
+    plan = compile_plan(schedule, flat.length, rank)
+    item = flat.itemsize
+    data = flat.bytes  # uint8 view of the whole buffer
+    work = _workspace.get(plan.workspace_elems * item)
+    status = [MPI.Status() for _ in range(64)]
+    for step in plan.steps:
+        requests, slots, offset = [], [], 0
+        for run, direct in zip(step.recvs, step.direct):
+            nbytes = (run.stop - run.start) * item
+            if direct:
+                target = data[run.start * item: run.stop * item]
+            else:
+                target, slots = work[offset: offset + nbytes], slots + [(run, offset)]
+                offset += nbytes
+            requests.append(comm.Irecv([target, MPI.BYTE], source=run.peer, tag=0))
+        for run in step.sends:
+            requests.append(comm.Isend([data[run.start * item: run.stop * item], MPI.BYTE],
+                                       dest=run.peer, tag=0))
+        if len(status) < len(requests):
+            status = [MPI.Status() for _ in requests]
+        try:
+            MPI.Request.Waitall(requests, status)
+        except MPI.Exception as exc:
+            if exc.Get_error_class() == MPI.ERR_TRUNCATE or exc.Get_error_class() == MPI.ERR_IN_STATUS:
+                raise LengthMismatchError(
+                    f"rank {rank}: a message longer than expected arrived in {schedule.name!r}: "
+                    f"ranks passed buffers of different lengths or dtypes (this rank: "
+                    f"{flat.length} x {flat.dtype_name})") from exc
+            raise
+        for run, st in zip(step.recvs, status):
+            expected = (run.stop - run.start) * item
+            got = st.Get_count(MPI.BYTE)
+            if got != expected:
+                raise LengthMismatchError(
+                    f"rank {rank}: expected {expected} bytes from rank {run.peer} in "
+                    f"{schedule.name!r} but got {got}: ranks passed buffers of different lengths "
+                    f"or dtypes (this rank: {flat.length} x {flat.dtype_name})")
+        for run, offset in slots:
+            nbytes = (run.stop - run.start) * item
+            if run.reduce:
+                flat.add_bytes(run.start, run.stop, work[offset: offset + nbytes])
+            else:
+                data[run.start * item: run.stop * item] = work[offset: offset + nbytes]

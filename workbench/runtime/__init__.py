@@ -1,0 +1,1 @@
+"""Process-side runtime: telemetry, the mpiexec launcher (worker loop, cluster come later)."""
