@@ -36,14 +36,18 @@ def time_interleaved(comm: MPI.Comm, ops: list[Callable[[], object]], reps: int,
     """Seconds per (op, repetition), each the slowest rank's; collective over ``comm``.
 
     Ops run round-robin, one ``Barrier`` before each, after ``warmup`` untimed rounds:
-    interleaving spreads noise over all ops instead of penalising whichever runs first.
+    interleaving spreads noise over all ops instead of penalising whichever runs first. The
+    order is shuffled every round (same seed on every rank) because an op's cost was measured
+    to depend on the op before it (a fixed or rotated order biases one op consistently).
     """
+    rng = np.random.default_rng(12345)
     for _ in range(warmup):
         for op in ops:
             op()
     rounds = np.empty((len(ops), reps))
     for rep in range(reps):
-        for i, op in enumerate(ops):
+        for i in rng.permutation(len(ops)):
+            op = ops[i]
             comm.Barrier()
             start = MPI.Wtime()
             op()
@@ -77,21 +81,25 @@ class Tuner:
         lib = MPI.Get_library_version().splitlines()[0].strip()
         digest = hashlib.sha1("|".join(hosts).encode()).hexdigest()[:12]
         self.signature = f"{lib} | ranks={comm.Get_size()} | hosts={digest}"
-        self.table: dict[str, dict] = {}
+        self.table: dict[str, dict] = {}  # "float32:20" -> measurement, as persisted
         if comm.Get_rank() == 0:
             self.table = self._load().get(self.signature, {})
         self.table = comm.bcast(self.table, root=0)
+        # the hot path: (dtype, bucket) -> algorithm name, no string formatting per call
+        self._choice = {(k.split(":")[0], int(k.split(":")[1])): e["algorithm"]
+                        for k, e in self.table.items()}
 
     def choose(self, nbytes: int, dtype_name: str) -> str:
         """The algorithm ``auto`` runs for this size and dtype (collective on a first use)."""
-        key = f"{dtype_name}:{bucket_of(nbytes)}"
-        entry = self.table.get(key)
-        if entry is None:
-            entry = self.measure(nbytes, dtype_name)
-            self.table[key] = entry
+        bucket = bucket_of(nbytes)
+        algorithm = self._choice.get((dtype_name, bucket))
+        if algorithm is None:
+            key = f"{dtype_name}:{bucket}"
+            entry = self.table[key] = self.measure(nbytes, dtype_name)
             if self.comm.Get_rank() == 0:
                 self._save(key, entry)
-        return entry["algorithm"]
+            algorithm = self._choice[(dtype_name, bucket)] = entry["algorithm"]
+        return algorithm
 
     def measure(self, nbytes: int, dtype_name: str, repetitions: int | None = None) -> dict:
         """Time every candidate at ``nbytes``; returns ``{"algorithm", "nbytes", "seconds"}``.
@@ -143,12 +151,17 @@ def _scratch(nbytes: int, dtype_name: str) -> FlatBuffer:
 
 
 _TUNERS: dict[int, Tuner] = {}
+_last: tuple[MPI.Comm | None, Tuner | None] = (None, None)
 
 
 def tuner_for(comm: MPI.Comm) -> Tuner:
     """The :class:`Tuner` of ``comm``, created (collectively) on first use."""
+    global _last
+    if _last[0] is comm:  # the common case: the same communicator as last time
+        return _last[1]
     key = comm.py2f()
     tuner = _TUNERS.get(key)
     if tuner is None:
         tuner = _TUNERS[key] = Tuner(comm)
+    _last = (comm, tuner)
     return tuner
