@@ -1,13 +1,15 @@
 """Collectives over real MPI: each test launches mpiexec (see the ``mpi`` fixture)."""
 from __future__ import annotations
 
+import mmap
 import re
 import time
+from pathlib import Path
 
 import pytest
 
 from workbench.collectives import schedules
-from workbench.runtime.launcher import MPILaunchError, run_mpi
+from workbench.runtime.launcher import MPILaunchError, remove_orphaned_shm, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -58,3 +60,22 @@ def test_a_hanging_rank_is_killed_at_the_timeout():
 def test_bad_rank_count_is_refused_before_launch(bad):
     with pytest.raises(ValueError, match="nranks must be an integer >= 1"):
         run_mpi(bad, ["-c", "pass"])
+
+
+def test_failed_jobs_leave_no_shared_memory_behind():
+    before = {p.name for p in Path("/dev/shm").glob("mpich_shm_*")}
+    for args in (["tests/mpi/failing_rank.py", "raise", "1"], ["tests/mpi/failing_rank.py", "hang", "1"]):
+        with pytest.raises(MPILaunchError):
+            run_mpi(3, args, timeout=5)
+    after = {p.name for p in Path("/dev/shm").glob("mpich_shm_*")}
+    assert after <= before
+
+
+def test_orphaned_segments_are_removed_and_mapped_ones_kept(tmp_path):
+    orphan = tmp_path / "mpich_shm_orphan_0"
+    orphan.write_bytes(b"\0" * 4096)
+    live = tmp_path / "mpich_shm_live_0"
+    live.write_bytes(b"\0" * 4096)
+    with open(live, "r+b") as f, mmap.mmap(f.fileno(), 4096):  # this process maps it
+        assert remove_orphaned_shm(tmp_path) == ["mpich_shm_orphan_0"]
+        assert live.exists() and not orphan.exists()

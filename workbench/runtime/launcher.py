@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -159,9 +160,12 @@ def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, _ = proc.communicate()
+            _wait_group_gone(proc.pid)  # ranks die after mpiexec; their segments with them
             timed_out = True
         result = _collect(out or "", Path(tmp), nranks)
     result.returncode = proc.returncode
+    if timed_out or proc.returncode != 0:
+        remove_orphaned_shm()
     ranks = failed_ranks(result)
     if timed_out:
         raise MPILaunchError(
@@ -173,6 +177,42 @@ def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
         raise MPILaunchError(f"MPI job on {nranks} ranks exited with code {proc.returncode}: "
                              f"{who}\n{detail}", ranks, result.output)
     return result
+
+
+def _wait_group_gone(pgid: int, timeout: float = 10.0) -> None:
+    """Wait until no process of group ``pgid`` is left (SIGKILL is delivered asynchronously)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        time.sleep(0.05)
+
+
+def remove_orphaned_shm(shm_dir: str | os.PathLike = "/dev/shm") -> list[str]:
+    """Delete MPICH shared-memory segments that no live process has mapped; return their names.
+
+    A job that aborts or is killed leaves its ``mpich_shm_*`` files behind (about 4 MB each,
+    held in RAM). A segment still mapped by any process belongs to a running job and is kept.
+    """
+    shm_dir = Path(shm_dir)
+    candidates = {p.name: p for p in shm_dir.glob("mpich_shm_*")}
+    if not candidates:
+        return []
+    in_use = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:  # the process ended, or is not ours to read
+            continue
+        in_use.update(name for name in candidates if name in text)
+    removed = []
+    for name, path in candidates.items():
+        if name not in in_use:
+            path.unlink(missing_ok=True)
+            removed.append(name)
+    return removed
 
 
 def _tail(text: str, lines: int = 60) -> str:
