@@ -30,8 +30,11 @@ def test_bad_bench_arguments_name_the_option_and_allowed_values(argv, message, c
 
 def test_algorithms_lists_every_name(capsys):
     assert main(["algorithms"]) == 0
-    names = capsys.readouterr().out.split()
-    assert names[:2] == ["auto", "native"] and "halving_doubling" in names
+    out = capsys.readouterr().out
+    assert "collective algorithms: auto, native, ring" in out and "halving_doubling" in out
+    for name in ("sync-sgd", "async-sgd", "async-msgd", "hogwild-sgd", "easgd", "async-easgd",
+                 "async-measgd", "hogwild-easgd", "sync-easgd"):
+        assert f"  {name} " in out
 
 
 @pytest.mark.mpi

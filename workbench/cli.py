@@ -1,7 +1,9 @@
 """The ``workbench`` command.
 
+    workbench train --algorithm sync-easgd --ranks 4 [--epochs 10 --lr ... --out DIR]
+    workbench compare --algorithms sync-easgd,easgd [--target-accuracy 0.9 ...]
     workbench bench allreduce --ranks 4 --sizes 4K,64K,1M,8M,64M --algorithms all [--json FILE]
-    workbench algorithms             the collective algorithm names
+    workbench algorithms             the training and collective algorithm names
 
 Arguments are validated here, before mpiexec is launched; a bad value is an error that names
 the option and the allowed values.
@@ -13,6 +15,7 @@ import sys
 from typing import Sequence
 
 from .collectives import SUPPORTED_DTYPES, algorithm_names
+from .optim.registry import ALGORITHMS, algorithms
 from .runtime.launcher import MPILaunchError, run_mpi
 
 DEFAULT_SIZES = "4K,64K,1M,8M,64M"
@@ -69,15 +72,142 @@ def build_parser() -> argparse.ArgumentParser:
     ar.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ar.add_argument("--timeout", type=float, default=600, help="seconds before the job is killed")
 
-    sub.add_parser("algorithms", help="list the collective algorithm names")
+    train = sub.add_parser("train", help="train one configuration under mpiexec")
+    train.add_argument("--algorithm", required=True, help=f"one of: {', '.join(ALGORITHMS)}")
+    _training_options(train)
+    train.add_argument("--out", metavar="DIR", help="run directory (default data/runs/<run-id>)")
+    train.add_argument("--resume", metavar="DIR", help="continue a synchronous run from its checkpoint")
+
+    compare = sub.add_parser("compare", help="train several algorithms and print a table")
+    compare.add_argument("--algorithms", required=True, help=f"'all' or a comma-separated list of: "
+                                                             f"{', '.join(ALGORITHMS)}")
+    _training_options(compare)
+    compare.add_argument("--target-accuracy", type=float, default=0.9,
+                         help="accuracy for the time-to-accuracy column (default 0.9)")
+    compare.add_argument("--out", metavar="DIR", help="parent directory of the runs "
+                                                      "(default data/runs/compare-<time>)")
+
+    sub.add_parser("algorithms", help="list the training and collective algorithm names")
     return parser
+
+
+def _training_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by train and compare; defaults come from RunConfig."""
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--model", default="mlp", help="mlp, wide_mlp, cnn, or module:function")
+    p.add_argument("--dataset", default="digits", help="digits, synthetic, or a .npz path")
+    p.add_argument("--epochs", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float)
+    p.add_argument("--rho", type=float, help="elastic coefficient (default: p*lr*rho = 0.9)")
+    p.add_argument("--tau", type=int, default=1, help="communication period in steps")
+    p.add_argument("--momentum", type=float)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--collective", default="native", help=f"all-reduce algorithm: {', '.join(algorithm_names())}")
+    p.add_argument("--per-layer", action="store_true", help="one message per layer instead of one flat buffer")
+    p.add_argument("--no-overlap", action="store_true", help="do not overlap communication with compute")
+    p.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (master: arrivals)")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="checkpoint every N steps (0: never)")
+    p.add_argument("--no-telemetry", action="store_true")
+    p.add_argument("--fail-rank", type=int, help="debug: make this rank raise at --fail-step")
+    p.add_argument("--fail-step", type=int, help="debug: the step at which --fail-rank raises")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds before the job is killed")
+
+
+def _config(args: argparse.Namespace, algorithm: str):
+    from .config import RunConfig
+    values = {"algorithm": algorithm, "ranks": args.ranks, "model": args.model, "dataset": args.dataset,
+              "seed": args.seed, "lr": args.lr, "rho": args.rho, "tau": args.tau, "momentum": args.momentum,
+              "collective": args.collective, "single_buffer": not args.per_layer,
+              "overlap": not args.no_overlap, "checkpoint_every": args.checkpoint_every,
+              "telemetry": not args.no_telemetry, "fail_rank": args.fail_rank, "fail_step": args.fail_step}
+    for name in ("epochs", "batch_size", "eval_every"):
+        if getattr(args, name) is not None:
+            values[name] = getattr(args, name)
+    return RunConfig(**values)
+
+
+def time_to_accuracy(run_dir, target: float) -> float | None:
+    """Seconds from the start until an evaluation first reached ``target``, or None."""
+    import json
+    from pathlib import Path
+    for line in Path(run_dir, "metrics.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        if m["kind"] == "eval" and not m.get("final") and m["test_accuracy"] >= target:
+            return m["t"]
+    return None
+
+
+def _train(args) -> int:
+    from .config import ConfigError
+    from .runtime.batch import train
+    try:
+        cfg = _config(args, args.algorithm)
+    except ConfigError as exc:
+        print(f"workbench train: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        summary = train(cfg, args.out, resume=args.resume, timeout=args.timeout)
+    except (MPILaunchError, ValueError, FileNotFoundError) as exc:
+        print(f"workbench train: {exc}", file=sys.stderr)
+        return 1
+    for key in ("algorithm", "ranks", "final_test_accuracy", "final_loss", "wall_seconds", "steps",
+                "comm_fraction", "bytes_sent", "weights_checksum", "run_dir"):
+        if key in summary:
+            print(f"{key:20s} {summary[key]}")
+    return 0
+
+
+def _percent(value) -> str:
+    return "" if value is None else f"{100 * value:.1f}%"
+
+
+def _compare(args) -> int:
+    from datetime import datetime
+    from pathlib import Path
+
+    from tabulate import tabulate
+
+    from .config import ConfigError
+    from .runtime.batch import runs_root, train
+    names = list(ALGORITHMS) if args.algorithms == "all" else [a.strip() for a in args.algorithms.split(",")]
+    try:
+        configs = [_config(args, name) for name in names]  # all validated before the first launch
+    except ConfigError as exc:
+        print(f"workbench compare: error: {exc}", file=sys.stderr)
+        return 2
+    parent = Path(args.out) if args.out else runs_root() / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
+    rows = []
+    for cfg in configs:
+        try:
+            s = train(cfg, parent / cfg.algorithm, timeout=args.timeout)
+        except MPILaunchError as exc:
+            print(f"workbench compare: {cfg.algorithm} failed: {exc}", file=sys.stderr)
+            rows.append([cfg.algorithm, "failed", "", "", "", ""])
+            continue
+        tta = time_to_accuracy(parent / cfg.algorithm, args.target_accuracy)
+        rows.append([cfg.algorithm, f"{s['final_test_accuracy']:.3f}", f"{s['wall_seconds']:.2f}",
+                     "not reached" if tta is None else f"{tta:.2f}",
+                     _percent(s["comm_fraction"]), _percent(s["comm_fraction_workers"])])
+    print(tabulate(rows, headers=["algorithm", "final test acc", "train wall s",
+                                  f"s to {args.target_accuracy:g} acc", "comm share (all ranks)",
+                                  "comm share (workers)"]))
+    print(f"\nruns under {parent}")
+    return 0 if all(r[1] != "failed" for r in rows) else 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "algorithms":
-        print("\n".join(algorithm_names()))
+        print("training algorithms:")
+        for name, description in algorithms().items():
+            print(f"  {name:15s} {description}")
+        print("collective algorithms: " + ", ".join(algorithm_names()))
         return 0
+    if args.command == "train":
+        return _train(args)
+    if args.command == "compare":
+        return _compare(args)
     if args.command == "bench" and args.what == "allreduce":
         from .bench.allreduce import format_size
         worker = ["-m", "workbench.bench.allreduce",

@@ -15,7 +15,7 @@ from mpi4py import MPI
 from ..runtime import telemetry
 from . import schedules
 from .buffers import FlatBuffer
-from .executor import execute, private_comm
+from .executor import compile_plan, execute, private_comm
 from .tuning import tuner_for
 
 T = TypeVar("T")
@@ -55,6 +55,15 @@ def run_algorithm(flat: FlatBuffer, comm: MPI.Comm, algorithm: str) -> None:
         execute(schedules.ALGORITHMS[algorithm](comm.Get_size()), flat, private_comm(comm))
 
 
+def _bytes_sent(flat: FlatBuffer, comm: MPI.Comm, algorithm: str) -> int:
+    """Bytes this rank sent: exact for schedules; for native, a ring's 2(n-1)/n share."""
+    n = comm.Get_size()
+    if algorithm == NATIVE:
+        return round(2 * (n - 1) / n * flat.length * flat.itemsize)
+    plan = compile_plan(schedules.ALGORITHMS[algorithm](n), flat.length, comm.Get_rank())
+    return plan.sent_elems * flat.itemsize
+
+
 def allreduce(buf: T, comm: MPI.Comm | None = None, algorithm: str = AUTO) -> T:
     """Sum ``buf`` element-wise across all ranks of ``comm``, in place, and return it.
 
@@ -84,6 +93,7 @@ def allreduce(buf: T, comm: MPI.Comm | None = None, algorithm: str = AUTO) -> T:
     flat.write_back()
     if rec is not None:
         rec.record(f"allreduce:{chosen}", "comm", start, time.perf_counter_ns(),
-                   bytes=nbytes, algorithm=chosen, requested=algorithm)
+                   bytes=nbytes, bytes_sent=_bytes_sent(flat, comm, chosen), algorithm=chosen,
+                   requested=algorithm)
     return buf
 

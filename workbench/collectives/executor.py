@@ -59,6 +59,11 @@ class Plan:
     steps: tuple[_Step, ...]
     workspace_elems: int  # the most elements that arrive into the workspace in one step
 
+    @property
+    def sent_elems(self) -> int:
+        """Elements this rank sends over the whole schedule."""
+        return sum(r.stop - r.start for s in self.steps for r in s.sends)
+
 
 def _runs(transfers, bounds, peer_of) -> list[_Run]:
     """Group transfers by (peer, reduce) and merge adjacent chunks into single messages.

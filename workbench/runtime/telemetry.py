@@ -67,8 +67,8 @@ class Telemetry:
             self.record(name, cat, start, time.perf_counter_ns(), **args)
 
     def time_in(self, cat: str) -> float:
-        """Total seconds spent in spans of category ``cat``."""
-        return sum(e["dur"] for e in self.events if e["cat"] == cat) / 1e6
+        """Seconds during which a span of category ``cat`` was open (overlaps counted once)."""
+        return busy_seconds(self.events, (cat,))
 
     def chrome_trace(self) -> dict:
         """The spans as a Chrome trace object (``{"traceEvents": [...]}``)."""
@@ -80,6 +80,41 @@ class Telemetry:
         path = Path(path)
         path.write_text(json.dumps(self.chrome_trace()))
         return path
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def busy_seconds(events: list[dict], cats: tuple[str, ...]) -> float:
+    """Seconds during which at least one span of ``cats`` was open (overlaps counted once)."""
+    spans = _union([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in cats])
+    return sum(b - a for a, b in spans) / 1e6
+
+
+def exposed_comm_seconds(events: list[dict]) -> float:
+    """Seconds spent communicating or waiting while *not* computing: communication that
+    overlaps computation (another thread's all-reduce during backward) is hidden and not
+    counted; concurrent waits (several server threads) count once."""
+    comm = _union([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in ("comm", "wait")])
+    work = _union([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in ("compute", "io")])
+    exposed, j = 0.0, 0
+    for a, b in comm:
+        covered = 0.0
+        while j < len(work) and work[j][1] <= a:
+            j += 1
+        k = j
+        while k < len(work) and work[k][0] < b:
+            covered += min(b, work[k][1]) - max(a, work[k][0])
+            k += 1
+        exposed += (b - a) - covered
+    return exposed / 1e6
 
 
 def current() -> Telemetry | None:

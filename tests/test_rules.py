@@ -1,0 +1,74 @@
+"""The update rules against the formulas of PAPERS.md section 1, by hand on small tensors."""
+import pytest
+import torch
+
+from workbench.optim import rules
+
+x = torch.tensor([1.0, -2.0, 3.0])
+g = torch.tensor([0.5, 0.5, -1.0])
+c = torch.tensor([0.0, 1.0, 2.0])
+v = torch.tensor([0.1, -0.1, 0.0])
+LR, RHO, MU = 0.1, 2.0, 0.9
+
+
+def test_elastic_worker():
+    # x - lr*g - lr*rho*(x - c)
+    expected = torch.tensor([1 - 0.05 - 0.2 * 1, -2 - 0.05 - 0.2 * -3, 3 + 0.1 - 0.2 * 1])
+    assert torch.allclose(rules.elastic_worker(x, g, c, LR, RHO), expected)
+
+
+def test_elastic_center_one_arrival():
+    # c + lr*rho*(x - c)
+    expected = torch.tensor([0.2, 1 + 0.2 * -3, 2 + 0.2])
+    assert torch.allclose(rules.elastic_center(c, x, LR, RHO), expected)
+
+
+def test_elastic_center_sync_equals_sum_of_single_updates_form():
+    xs = [x, x * 2, -x]
+    mean = sum(xs) / 3
+    expected = c + LR * RHO * sum(xi - c for xi in xs)  # = c + alpha * sum(x_i - c)
+    assert torch.allclose(rules.elastic_center_sync(c, mean, LR, RHO, 3), expected)
+
+
+def test_momentum_elastic_worker():
+    new_x, new_v = rules.momentum_elastic_worker(x, v, g, c, LR, RHO, MU)
+    assert torch.allclose(new_v, MU * v - LR * g)
+    assert torch.allclose(new_x, x + (MU * v - LR * g) - LR * RHO * (x - c))
+
+
+def test_sgd_and_momentum_sgd():
+    assert torch.allclose(rules.sgd(x, g, LR), x - LR * g)
+    new_x, new_v = rules.momentum_sgd(x, v, g, LR, MU)
+    assert torch.allclose(new_v, MU * v - LR * g) and torch.allclose(new_x, x + new_v)
+
+
+def test_rho_zero_decouples_worker_and_center():
+    assert torch.equal(rules.elastic_worker(x, g, c, LR, 0.0), rules.sgd(x, g, LR))
+    assert torch.equal(rules.elastic_center(c, x, LR, 0.0), c)
+
+
+@pytest.mark.parametrize("call", [
+    lambda: rules.elastic_worker(x, g, c, LR, RHO),
+    lambda: rules.elastic_center(c, x, LR, RHO),
+    lambda: rules.elastic_center_sync(c, x, LR, RHO, 4),
+    lambda: rules.momentum_elastic_worker(x, v, g, c, LR, RHO, MU),
+    lambda: rules.momentum_sgd(x, v, g, LR, MU),
+])
+def test_rules_are_pure(call):
+    before = [t.clone() for t in (x, g, c, v)]
+    call()
+    assert all(torch.equal(a, b) for a, b in zip(before, (x, g, c, v)))
+
+
+def test_exposed_communication_counts_overlap_once_and_hides_compute():
+    from workbench.runtime.telemetry import busy_seconds, exposed_comm_seconds
+    us = 1e6
+    events = [
+        {"cat": "comm", "ts": 0, "dur": 4 * us},      # 0-4 s, a comm thread ...
+        {"cat": "compute", "ts": 1 * us, "dur": 2 * us},  # ... hidden 1-3 s by compute
+        {"cat": "wait", "ts": 3.5 * us, "dur": 1.5 * us},  # 3.5-5 s overlaps the comm span
+        {"cat": "wait", "ts": 3.5 * us, "dur": 1.5 * us},  # a second thread waiting alike
+        {"cat": "io", "ts": 6 * us, "dur": 1 * us},
+    ]
+    assert busy_seconds(events, ("comm", "wait")) == pytest.approx(5.0)
+    assert exposed_comm_seconds(events) == pytest.approx(3.0)  # 0-1 and 3-5

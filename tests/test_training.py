@@ -1,0 +1,133 @@
+"""Training under mpiexec: the nine algorithms, determinism, failures, checkpoints, traces."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import defaultdict
+
+import pytest
+
+from workbench.config import RunConfig
+from workbench.optim import ALGORITHMS
+from workbench.runtime import checkpoint
+from workbench.runtime.batch import train
+from workbench.runtime.launcher import MPILaunchError
+
+pytestmark = pytest.mark.mpi
+SUMMARY_KEYS = {"algorithm", "ranks", "config", "final_test_accuracy", "final_loss", "wall_seconds",
+                "steps", "comm_fraction", "bytes_sent"}
+
+
+@pytest.fixture(autouse=True)
+def _isolated_tuning(tmp_path, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_TUNING_CACHE", str(tmp_path / "tuning.json"))
+
+
+def load_trace(run_dir):
+    return json.loads((run_dir / "trace.json").read_text())["traceEvents"]
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHMS))
+def test_every_algorithm_learns_digits_with_its_defaults(algorithm, tmp_path):
+    summary = train(RunConfig(algorithm=algorithm, ranks=4), tmp_path, timeout=240)
+    assert summary["final_test_accuracy"] >= 0.88, summary
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["bytes_sent"] > 0 and 0 < summary["comm_fraction"] < 1
+    assert ("weights_checksum" in summary) == ALGORITHMS[algorithm].synchronous
+    metrics = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    workers = {m["rank"] for m in metrics if m["kind"] == "train"}
+    assert workers == ({1, 2, 3} if ALGORITHMS[algorithm].master_based else {0, 1, 2, 3})
+    assert sum(m["kind"] == "eval" for m in metrics) >= 5
+
+
+def test_sync_easgd_is_bitwise_deterministic(tmp_path):
+    cfg = RunConfig(algorithm="sync-easgd", ranks=4, epochs=3, collective="ring")
+    first = train(cfg, tmp_path / "a")["weights_checksum"]
+    assert train(cfg, tmp_path / "b")["weights_checksum"] == first
+    other_seed = RunConfig(algorithm="sync-easgd", ranks=4, epochs=3, collective="ring", seed=1)
+    assert train(other_seed, tmp_path / "c")["weights_checksum"] != first
+
+
+def test_failure_keeps_a_valid_checkpoint_and_resume_equals_uninterrupted(tmp_path):
+    base = dict(algorithm="sync-easgd", ranks=4, epochs=6, checkpoint_every=40, collective="ring")
+    whole = train(RunConfig(**base), tmp_path / "whole")
+    start = time.monotonic()
+    with pytest.raises(MPILaunchError) as info:
+        train(RunConfig(**base, fail_rank=2, fail_step=95), tmp_path / "broken")
+    assert time.monotonic() - start < 30
+    assert info.value.failed_ranks == [2]
+    assert "injected failure on rank 2 at step 95" in str(info.value) and "Traceback" in str(info.value)
+    assert checkpoint.latest_step(tmp_path / "broken") == 80
+    resumed = train(RunConfig(**base), tmp_path / "resumed", resume=tmp_path / "broken")
+    assert resumed["weights_checksum"] == whole["weights_checksum"]
+
+
+def test_a_diverging_run_stops_with_a_clear_message(tmp_path):
+    with pytest.raises(MPILaunchError) as info:
+        train(RunConfig(algorithm="sync-sgd", ranks=2, lr=1e30, momentum=0.0), tmp_path, timeout=60)
+    assert "training diverged; lower lr" in str(info.value)
+
+
+def test_trace_is_chrome_trace_json_covering_the_run(tmp_path):
+    summary = train(RunConfig(algorithm="sync-easgd", ranks=3, epochs=3), tmp_path)
+    events = load_trace(tmp_path)
+    spans = [e for e in events if e["ph"] == "X"]
+    assert {e["pid"] for e in spans} == {0, 1, 2}
+    for e in spans:
+        assert {"name", "cat", "ph", "ts", "dur", "pid", "tid", "args"} <= set(e)
+        assert e["cat"] in ("compute", "comm", "wait", "io") and e["dur"] >= 0
+    for rank in range(3):
+        mine = [e for e in spans if e["pid"] == rank]
+        first, last = min(e["ts"] for e in mine), max(e["ts"] + e["dur"] for e in mine)
+        assert (last - first) / 1e6 >= 0.8 * summary["wall_seconds"]  # spans span the run
+        busy = sum(e["dur"] for e in mine if e["tid"] == mine[0]["tid"]) / 1e6  # main thread
+        assert busy >= 0.5 * summary["wall_seconds"]
+        assert {"forward_backward", "update"} <= {e["name"] for e in mine}
+        assert any(e["name"].startswith("allreduce:") for e in mine)
+
+
+def test_original_easgd_serves_in_strict_rank_order(tmp_path):
+    train(RunConfig(algorithm="easgd", ranks=4, epochs=2), tmp_path)
+    spans = [e for e in load_trace(tmp_path) if e["ph"] == "X"]
+    served = [e["args"]["source"] for e in sorted(spans, key=lambda e: e["ts"])
+              if e.get("name") == "receive" and e["pid"] == 0]
+    assert len(served) > 30
+    # while every worker is active, the order is 1, 2, 3, 1, 2, 3, ...
+    assert served[:30] == [1, 2, 3] * 10
+
+
+def test_hogwild_serves_each_worker_on_its_own_thread_and_async_on_one(tmp_path):
+    tids = {}
+    for name in ("hogwild-easgd", "async-easgd"):
+        train(RunConfig(algorithm=name, ranks=4, epochs=2), tmp_path / name)
+        by_source = defaultdict(set)
+        for e in load_trace(tmp_path / name):
+            if e.get("name") == "apply" and e["pid"] == 0:
+                by_source[e["args"]["source"]].add(e["tid"])
+        tids[name] = by_source
+    hog = tids["hogwild-easgd"]
+    assert len(set().union(*hog.values())) == 3 and all(len(t) == 1 for t in hog.values())
+    assert len(set().union(*tids["async-easgd"].values())) == 1
+
+
+def test_cli_train_writes_the_run_directory(tmp_path):
+    out = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "train", "--algorithm", "async-easgd",
+                           "--ranks", "3", "--epochs", "2", "--tau", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["tau"] == 2 and summary["workers"] == 2
+    assert (out / "metrics.jsonl").stat().st_size > 0 and (out / "trace.json").stat().st_size > 0
+    assert "final_test_accuracy" in proc.stdout
+
+
+def test_cli_train_refuses_bad_config_before_launch(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "train", "--algorithm", "easgd",
+                           "--ranks", "1", "--out", str(tmp_path / "x")],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "ranks must be >= 2 for easgd (rank 0 is the master)" in proc.stderr
+    assert not (tmp_path / "x").exists()

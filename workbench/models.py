@@ -1,0 +1,114 @@
+"""The model zoo and flat parameter buffers ("single-layer communication").
+
+Models by name: ``mlp`` (small, for digits), ``wide_mlp`` (>= 1M parameters, so communication
+matters), ``cnn`` (small convolutional net for 8x8 images). Any user model works through the
+same path: ``model="package.module:function"`` names a function ``(num_features, num_classes)
+-> torch.nn.Module`` that every rank imports.
+
+:class:`FlatParams` makes every parameter (and gradient) a view into one contiguous tensor, so
+all layers travel as one message; ``segments()`` gives the per-layer views for the
+one-message-per-layer ablation.
+"""
+from __future__ import annotations
+
+import importlib
+
+import torch
+from torch import nn
+
+BUILTIN_MODELS = ("mlp", "wide_mlp", "cnn")
+
+
+class _Image(nn.Module):
+    """Reshape flat 64-pixel rows to 1x8x8 images."""
+
+    def __init__(self, side: int) -> None:
+        super().__init__()
+        self.side = side
+
+    def forward(self, x):
+        return x.view(x.shape[0], 1, self.side, self.side)
+
+
+def build(name: str, num_features: int, num_classes: int) -> nn.Module:
+    """A model by name, or ``"module:function"`` for a user model."""
+    if name == "mlp":
+        return nn.Sequential(nn.Linear(num_features, 64), nn.ReLU(), nn.Linear(64, num_classes))
+    if name == "wide_mlp":
+        return nn.Sequential(nn.Linear(num_features, 1024), nn.ReLU(), nn.Linear(1024, 1024),
+                             nn.ReLU(), nn.Linear(1024, num_classes))
+    if name == "cnn":
+        side = int(round(num_features ** 0.5))
+        if side * side != num_features:
+            raise ValueError(f"model 'cnn' needs square images; {num_features} features is not")
+        return nn.Sequential(_Image(side), nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
+                             nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Flatten(), nn.Linear(32 * (side // 2) ** 2, num_classes))
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        factory = getattr(importlib.import_module(module_name), attr)
+        model = factory(num_features, num_classes)
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model {name!r} returned {type(model).__name__}, not a torch.nn.Module")
+        return model
+    raise ValueError(f"model must be one of {', '.join(BUILTIN_MODELS)} or 'module:function'; "
+                     f"got {name!r}")
+
+
+def check_model_name(name: str) -> None:
+    """Raise ValueError for a name that is neither built in nor importable as module:function."""
+    if name in BUILTIN_MODELS:
+        return
+    if ":" not in name:
+        raise ValueError(f"model must be one of {', '.join(BUILTIN_MODELS)} or 'module:function'; "
+                         f"got {name!r}")
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"model {name!r}: cannot import {module_name!r}: {exc}") from None
+    if not callable(getattr(module, attr, None)):
+        raise ValueError(f"model {name!r}: {module_name} has no function {attr!r}")
+
+
+class FlatParams:
+    """All trainable parameters of ``module`` as views into one contiguous float32 tensor.
+
+    ``data`` holds the weights and ``grad`` the gradients; both are single buffers that MPI can
+    send in one message. Gradients must be cleared with :meth:`zero_grad` (which keeps the
+    views), never with ``module.zero_grad()`` (which would drop them).
+    """
+
+    def __init__(self, module: nn.Module) -> None:
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        total = sum(p.numel() for p in self.params)
+        self.data = torch.empty(total)
+        self.grad = torch.zeros(total)
+        self.bounds = []
+        offset = 0
+        with torch.no_grad():
+            for p in self.params:
+                n = p.numel()
+                self.data[offset:offset + n].copy_(p.detach().reshape(-1))
+                p.data = self.data[offset:offset + n].view_as(p)
+                p.grad = self.grad[offset:offset + n].view_as(p)
+                self.bounds.append((offset, offset + n))
+                offset += n
+
+    @property
+    def numel(self) -> int:
+        return self.data.numel()
+
+    def zero_grad(self) -> None:
+        self.grad.zero_()
+
+    def check_grads_are_views(self) -> None:
+        """Autograd accumulates into existing ``.grad`` in place; make sure it still does."""
+        for p, (a, b) in zip(self.params, self.bounds):
+            if p.grad is None or p.grad.data_ptr() != self.grad[a:b].data_ptr():
+                raise RuntimeError("a gradient is no longer a view of the flat buffer (did something "
+                                   "call module.zero_grad()?)")
+
+    def segments(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        """Per-layer views of a flat tensor laid out like ``data``."""
+        return [flat[a:b] for a, b in self.bounds]

@@ -1,0 +1,230 @@
+"""Master-based algorithms: rank 0 holds the center (EASGD family) or the weights (SGD family)
+and serves; ranks 1..N-1 train on their own shards.
+
+How the master serves:
+- ``async-*``: one loop, ``Probe(ANY_SOURCE)``: each arrival is applied whole, in arrival order.
+- ``easgd`` (original): the same, but strictly in rank order 1, 2, ..., N-1, 1, ...: worker i+1
+  waits for worker i.
+- ``hogwild-*``: one thread per worker, all updating the same tensor with no lock; concurrent
+  arrivals read-modify-write it at once and can lose each other's updates (the races are real).
+
+Messages are buffer-based (numpy views of flat float32 tensors): one per exchange, or one per
+layer with ``single_buffer=False``. EASGD workers overlap the exchange with the gradient
+computation (``overlap=True``), as in the paper, except in the original round-robin scheme.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+
+import torch
+from mpi4py import MPI
+
+from ..runtime.context import Context
+from . import rules
+
+TAG_PUSH, TAG_REPLY, TAG_DONE = 11, 12, 13
+
+
+class _Messages:
+    """Send/receive a flat tensor as one message or one per layer."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.single = ctx.cfg.single_buffer
+
+    def parts(self, t: torch.Tensor) -> list:
+        return [t.numpy()] if self.single else [s.numpy() for s in self.ctx.flat.segments(t)]
+
+    def isend(self, t, dest, tag) -> list:
+        self.ctx.bytes_sent += t.numel() * t.element_size()
+        return [self.ctx.comm.Isend(p, dest=dest, tag=tag) for p in self.parts(t)]
+
+    def irecv(self, t, source, tag) -> list:
+        return [self.ctx.comm.Irecv(p, source=source, tag=tag) for p in self.parts(t)]
+
+    def send(self, t, dest, tag) -> None:
+        MPI.Request.Waitall(self.isend(t, dest, tag))
+
+    def recv(self, t, source, tag) -> None:
+        MPI.Request.Waitall(self.irecv(t, source, tag))
+
+
+# -- workers --------------------------------------------------------------------------------
+
+class ElasticWorker:
+    """EASGD-family worker: local steps, and every tau steps an elastic exchange with the master."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.msg = _Messages(ctx)
+        self.center = torch.empty_like(ctx.flat.data)
+        self.velocity = torch.zeros_like(ctx.flat.data)
+        self.momentum = ctx.cfg.spec.momentum
+
+    def run(self) -> torch.Tensor:
+        ctx, cfg = self.ctx, self.ctx.cfg
+        x, g = ctx.flat.data, ctx.flat.grad
+        overlap = cfg.overlap and cfg.algorithm != "easgd"
+        for step in range(ctx.steps):
+            if step % cfg.tau == 0:
+                if overlap:  # send x, receive the center, while the gradient is computed
+                    with ctx.span("exchange_post", "comm", bytes=x.numel() * 4):
+                        reqs = self.msg.isend(x, 0, TAG_PUSH) + self.msg.irecv(self.center, 0, TAG_REPLY)
+                    ctx.gradient(step)
+                    with ctx.span("exchange_wait", "comm"):
+                        MPI.Request.Waitall(reqs)
+                else:
+                    with ctx.span("exchange", "comm", bytes=x.numel() * 4):
+                        self.msg.send(x, 0, TAG_PUSH)
+                        self.msg.recv(self.center, 0, TAG_REPLY)
+                    ctx.gradient(step)
+                with ctx.span("update", "compute"):
+                    if self.momentum:
+                        new_x, self.velocity = rules.momentum_elastic_worker(
+                            x, self.velocity, g, self.center, cfg.lr, cfg.rho, cfg.momentum)
+                    else:
+                        new_x = rules.elastic_worker(x, g, self.center, cfg.lr, cfg.rho)
+                    x.copy_(new_x)
+            else:
+                ctx.gradient(step)
+                with ctx.span("update", "compute"):
+                    if self.momentum:
+                        new_x, self.velocity = rules.momentum_sgd(x, self.velocity, g, cfg.lr, cfg.momentum)
+                    else:
+                        new_x = rules.sgd(x, g, cfg.lr)
+                    x.copy_(new_x)
+        ctx.comm.Send(b"", dest=0, tag=TAG_DONE)
+        return x
+
+
+class GradientWorker:
+    """SGD-family worker (Downpour): push the gradient accumulated over tau steps, pull weights."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.msg = _Messages(ctx)
+
+    def run(self) -> torch.Tensor:
+        ctx, cfg = self.ctx, self.ctx.cfg
+        x, g = ctx.flat.data, ctx.flat.grad
+        pushed = torch.zeros_like(x)
+        for step in range(ctx.steps):
+            ctx.gradient(step)
+            pushed += g
+            if (step + 1) % cfg.tau == 0 or step == ctx.steps - 1:
+                with ctx.span("exchange", "comm", bytes=x.numel() * 4):
+                    self.msg.send(pushed, 0, TAG_PUSH)
+                    self.msg.recv(x, 0, TAG_REPLY)
+                pushed.zero_()
+            else:
+                with ctx.span("update", "compute"):
+                    x.copy_(rules.sgd(x, g, cfg.lr))  # local progress between pushes
+        ctx.comm.Send(b"", dest=0, tag=TAG_DONE)
+        return x
+
+
+# -- the master -----------------------------------------------------------------------------
+
+class Master:
+    """Rank 0: holds ``state`` (center or weights) and applies arrivals."""
+
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self.msg = _Messages(ctx)
+        self.state = ctx.flat.data.clone()
+        self.velocity = torch.zeros_like(self.state)
+        self.elastic = ctx.cfg.spec.elastic
+        self.arrivals = itertools.count(1)  # next() is atomic under the GIL
+        self.total_arrivals = self._expected_arrivals()
+        self._eval_lock = threading.Lock()  # evaluation only; updates never take a lock
+
+    def _expected_arrivals(self) -> int:
+        ctx, cfg = self.ctx, self.ctx.cfg
+        from ..data import Batches
+        total = 0
+        for w in range(cfg.workers):
+            steps = Batches(ctx.data, w, cfg.workers, cfg.batch_size, cfg.seed).steps_per_epoch * cfg.epochs
+            total += -(-steps // cfg.tau)  # exchanges per worker: ceil(steps / tau)
+        return total
+
+    def apply(self, payload: torch.Tensor, reply: torch.Tensor) -> None:
+        """Apply one arrival to ``state`` in place, and fill ``reply`` for the worker."""
+        cfg = self.ctx.cfg
+        if self.elastic:  # the worker gets the center as it was before its own contribution
+            reply.copy_(self.state)
+            self.state.copy_(rules.elastic_center(self.state, payload, cfg.lr, cfg.rho))
+        else:
+            if cfg.momentum:
+                new, velocity = rules.momentum_sgd(self.state, self.velocity, payload, cfg.lr, cfg.momentum)
+                self.velocity.copy_(velocity)
+            else:
+                new = rules.sgd(self.state, payload, cfg.lr)
+            self.state.copy_(new)
+            reply.copy_(self.state)
+
+    def serve_one(self, source: int, payload: torch.Tensor, reply: torch.Tensor) -> None:
+        ctx = self.ctx
+        with ctx.span("receive", "comm", source=source):
+            self.msg.recv(payload, source, TAG_PUSH)
+        with ctx.span("apply", "compute", source=source):
+            self.apply(payload, reply)
+        with ctx.span("reply", "comm", dest=source):
+            self.msg.send(reply, source, TAG_REPLY)
+        n = next(self.arrivals)
+        if ctx.is_eval_point(n, self.total_arrivals):
+            with self._eval_lock:
+                ctx.evaluate(self.state, arrivals=n)
+
+    def run(self) -> torch.Tensor:
+        if self.ctx.cfg.algorithm.startswith("hogwild"):
+            self._serve_hogwild()
+        else:
+            self._serve_in_order(round_robin=self.ctx.cfg.algorithm == "easgd")
+        return self.state
+
+    def _serve_in_order(self, round_robin: bool) -> None:
+        ctx = self.ctx
+        payload, reply = torch.empty_like(self.state), torch.empty_like(self.state)
+        active = list(range(1, ctx.size))  # workers that have not said they are done
+        status = MPI.Status()
+        turn = 0  # round robin: index into active of the worker whose turn it is
+        while active:
+            turn %= len(active)
+            source = active[turn] if round_robin else MPI.ANY_SOURCE
+            with ctx.span("wait_for_worker", "wait"):
+                ctx.comm.Probe(source=source, tag=MPI.ANY_TAG, status=status)
+            source = status.Get_source()
+            if status.Get_tag() == TAG_DONE:
+                ctx.comm.Recv(bytearray(0), source=source, tag=TAG_DONE)
+                active.remove(source)  # the next worker slides into index `turn`
+                continue
+            self.serve_one(source, payload, reply)
+            turn += 1
+
+    def _serve_hogwild(self) -> None:
+        ctx = self.ctx
+        errors = []
+
+        def serve(worker: int) -> None:
+            payload, reply = torch.empty_like(self.state), torch.empty_like(self.state)
+            status = MPI.Status()
+            try:
+                while True:
+                    with ctx.span("wait_for_worker", "wait", worker=worker):
+                        ctx.comm.Probe(source=worker, tag=MPI.ANY_TAG, status=status)
+                    if status.Get_tag() == TAG_DONE:
+                        ctx.comm.Recv(bytearray(0), source=worker, tag=TAG_DONE)
+                        return
+                    self.serve_one(worker, payload, reply)  # no lock around the update
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=serve, args=(w,), daemon=True, name=f"serve-{w}")
+                   for w in range(1, ctx.size)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]

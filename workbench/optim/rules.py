@@ -1,0 +1,45 @@
+"""The update formulas, as pure functions on tensors (no communication, inputs untouched).
+
+Notation (PAPERS.md section 1): ``lr`` = eta, ``rho`` = elastic coefficient, ``alpha = lr*rho``
+(the moving rate), ``p`` = number of workers, ``beta = p*alpha``. Every algorithm applies its
+maths through these functions, so the maths lives in one readable place.
+"""
+from __future__ import annotations
+
+from torch import Tensor
+
+
+def elastic_worker(x: Tensor, grad: Tensor, center: Tensor, lr: float, rho: float) -> Tensor:
+    """EASGD worker step: ``x - lr*grad - lr*rho*(x - center)``."""
+    return x - lr * grad - lr * rho * (x - center)
+
+
+def elastic_center(center: Tensor, x: Tensor, lr: float, rho: float) -> Tensor:
+    """Center update for one arriving worker: ``center + lr*rho*(x - center)``."""
+    return center + lr * rho * (x - center)
+
+
+def elastic_center_sync(center: Tensor, x_mean: Tensor, lr: float, rho: float, p: int) -> Tensor:
+    """Synchronous center update from all ``p`` workers: ``center + p*lr*rho*(x_mean - center)``."""
+    return center + p * lr * rho * (x_mean - center)
+
+
+def momentum_elastic_worker(x: Tensor, v: Tensor, grad: Tensor, center: Tensor, lr: float,
+                            rho: float, momentum: float) -> tuple[Tensor, Tensor]:
+    """MEASGD worker step (SC'17 form); returns ``(x', v')``.
+
+    ``v' = momentum*v - lr*grad``; ``x' = x + v' - lr*rho*(x - center)``.
+    """
+    v_new = momentum * v - lr * grad
+    return x + v_new - lr * rho * (x - center), v_new
+
+
+def sgd(x: Tensor, grad: Tensor, lr: float) -> Tensor:
+    """Plain SGD: ``x - lr*grad``. Also the local step of EASGD between exchanges (tau > 1)."""
+    return x - lr * grad
+
+
+def momentum_sgd(x: Tensor, v: Tensor, grad: Tensor, lr: float, momentum: float) -> tuple[Tensor, Tensor]:
+    """Heavy-ball momentum SGD; returns ``(x', v')``: ``v' = momentum*v - lr*grad``, ``x' = x + v'``."""
+    v_new = momentum * v - lr * grad
+    return x + v_new, v_new
