@@ -52,7 +52,7 @@ def test_bench_allreduce_prints_a_table_and_writes_json(tmp_path, monkeypatch):
     for size in (4096, 256 << 10):
         names = {r["algorithm"] for r in rows if r["bytes"] == size}
         assert names == {"auto", "native", "ring", "recursive_doubling", "halving_doubling",
-                         "binary_tree", "double_binary_tree", "gloo"}
+                         "binary_tree", "double_binary_tree", "linear", "gloo"}
     for r in rows:
         assert r["median_s"] > 0
         assert r["algbw_GBps"] == pytest.approx(r["bytes"] / r["median_s"] / 1e9)

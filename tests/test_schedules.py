@@ -87,6 +87,13 @@ def test_nccl_btree_matches_reference_for_eight_ranks():
     assert nccl_btree(8, 7) == (6, -1, -1)
 
 
+@pytest.mark.parametrize("nranks", [1, 2, 5, 17])
+def test_linear_is_the_sequential_baseline(nranks):
+    s = schedules.linear(nranks)
+    assert s.num_steps == 2 * (nranks - 1) and all(len(step) == 1 for step in s.steps)
+    assert s.chunks_sent_by(0) == nranks - 1  # rank 0 sends the whole buffer n-1 times
+
+
 def test_ring_order_is_respected():
     s = schedules.ring(4, order=[0, 2, 1, 3]).validate()
     pairs = {(t.src, t.dst) for step in s.steps for t in step}

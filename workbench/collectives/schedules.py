@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 from .schedule import Schedule, Transfer, make_schedule
 
 __all__ = ["ring", "recursive_doubling", "halving_doubling", "binary_tree",
-           "double_binary_tree", "ALGORITHMS", "tree_schedule"]
+           "double_binary_tree", "linear", "ALGORITHMS", "tree_schedule"]
 
 
 def _check_nranks(nranks: int) -> None:
@@ -218,6 +218,17 @@ def double_binary_tree(nranks: int, nchunks: int = 8) -> Schedule:
                          [range(half), range(half, nchunks)], nchunks)
 
 
+@lru_cache(maxsize=None)
+def linear(nranks: int) -> Schedule:
+    """The sequential baseline: rank 0 receives the other ranks' buffers one per step, then
+    sends the sum back one rank per step; ``2(n-1)`` steps of one whole-buffer transfer each,
+    the ``P(a + |W|b)`` cost that the EASGD paper replaces with a tree."""
+    _check_nranks(nranks)
+    steps = [[Transfer(r, 0, 0, True)] for r in range(1, nranks)]
+    steps += [[Transfer(0, r, 0, False)] for r in range(1, nranks)]
+    return make_schedule("linear", nranks, 1, steps)
+
+
 #: Name -> generator taking only the rank count: the schedule names ``allreduce`` accepts.
 ALGORITHMS: dict[str, Callable[[int], Schedule]] = {
     "ring": ring,
@@ -225,4 +236,5 @@ ALGORITHMS: dict[str, Callable[[int], Schedule]] = {
     "halving_doubling": halving_doubling,
     "binary_tree": binary_tree,
     "double_binary_tree": double_binary_tree,
+    "linear": linear,
 }

@@ -30,8 +30,28 @@ class Observer:
         """Called for every recorded span, on the recording thread."""
 
 
+class _Span:
+    """A span being timed (a slotted object: cheaper than a generator context manager)."""
+
+    __slots__ = ("telemetry", "name", "cat", "args", "start")
+
+    def __init__(self, telemetry: "Telemetry", name: str, cat: str, args: dict) -> None:
+        self.telemetry, self.name, self.cat, self.args = telemetry, name, cat, args
+
+    def __enter__(self) -> dict:
+        self.start = time.perf_counter_ns()
+        return self.args
+
+    def __exit__(self, *exc) -> bool:
+        self.telemetry.record(self.name, self.cat, self.start, time.perf_counter_ns(), **self.args)
+        return False
+
+
 class Telemetry:
     """Collects one rank's spans.
+
+    Spans are kept as flat tuples (which the garbage collector stops tracking, so a long run
+    does not slow every collection down) and turned into Chrome trace events on demand.
 
     Args:
         rank: the trace's ``pid`` (one row group per rank in Perfetto).
@@ -42,29 +62,36 @@ class Telemetry:
     def __init__(self, rank: int = 0, epoch_ns: int | None = None) -> None:
         self.rank = rank
         self.epoch_ns = time.perf_counter_ns() if epoch_ns is None else epoch_ns
-        self.events: list[dict] = []
+        self._raw: list[tuple] = []
+        self._events: list[dict] = []  # _raw[:len(_events)] already converted
         self.observers: list[Observer] = []
 
-    def record(self, name: str, cat: str, start_ns: int, end_ns: int, **args: Any) -> dict:
-        """Record a finished span from two ``perf_counter_ns`` readings; returns the event."""
+    def record(self, name: str, cat: str, start_ns: int, end_ns: int, **args: Any) -> None:
+        """Record a finished span from two ``perf_counter_ns`` readings."""
         if cat not in CATEGORIES:
             raise ValueError(f"cat must be one of {CATEGORIES}, got {cat!r}")
-        event = {"name": name, "cat": cat, "ph": "X",
-                 "ts": (start_ns - self.epoch_ns) / 1000.0, "dur": (end_ns - start_ns) / 1000.0,
-                 "pid": self.rank, "tid": threading.get_ident() % 100000, "args": args}
-        self.events.append(event)
-        for obs in self.observers:
-            obs.on_span(event)
-        return event
+        raw = (name, cat, start_ns, end_ns, threading.get_ident() % 100000, args)
+        self._raw.append(raw)
+        if self.observers:
+            event = self._event(raw)
+            for obs in self.observers:
+                obs.on_span(event)
 
-    @contextmanager
-    def span(self, name: str, cat: str, **args: Any) -> Iterator[dict]:
+    def _event(self, raw: tuple) -> dict:
+        name, cat, start, end, tid, args = raw
+        return {"name": name, "cat": cat, "ph": "X", "ts": (start - self.epoch_ns) / 1000.0,
+                "dur": (end - start) / 1000.0, "pid": self.rank, "tid": tid, "args": args}
+
+    @property
+    def events(self) -> list[dict]:
+        """All spans so far as Chrome trace events (``ts``/``dur`` in microseconds)."""
+        if len(self._events) < len(self._raw):
+            self._events.extend(self._event(r) for r in self._raw[len(self._events):])
+        return self._events
+
+    def span(self, name: str, cat: str, **args: Any) -> _Span:
         """Time the ``with`` body as one span; the yielded dict becomes the span's ``args``."""
-        start = time.perf_counter_ns()
-        try:
-            yield args
-        finally:
-            self.record(name, cat, start, time.perf_counter_ns(), **args)
+        return _Span(self, name, cat, args)
 
     def time_in(self, cat: str) -> float:
         """Seconds during which a span of category ``cat`` was open (overlaps counted once)."""
