@@ -8,7 +8,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export OMP_NUM_THREADS := 1
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: venv demo test test-fast lab bench clean
+.PHONY: venv demo compare test chromium test-fast lab bench clean
 
 venv: $(STAMP)
 
@@ -22,19 +22,34 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/mpiexec
 	touch $(STAMP)
 
-# The main job: Sync EASGD against the original (round-robin) EASGD on 4 ranks; the runs stay
-# under data/runs/.
+# The main job: the quickstart notebook executed headless (a cluster of 4 MPI engines, Sync EASGD
+# with the live dashboard); the executed notebook, an HTML report and the run stay under data/runs/.
+# `make compare` is the batch form: Sync EASGD against the original EASGD under mpiexec.
 demo: venv
+	$(BIN)/python -m workbench.demo
+
+compare: venv
 	$(BIN)/workbench compare --algorithms sync-easgd,easgd --ranks 4
 
-test: venv
-	$(BIN)/python -m pytest -q
+# Unit, MPI and cluster tests, then every notebook executed by nbval (outputs not compared,
+# errors fail; cells that take long have their own timeouts).
+test: venv chromium
+	$(BIN)/python -m pytest -q tests notebooks --nbval-lax --nbval-cell-timeout=600
+
+# The browser test drives Debian's chromium (never `playwright install`): installed with apt-get
+# when missing (as root, or with sudo when it is available without a password).
+chromium:
+	@test -x /usr/bin/chromium || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \
+		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; }
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not mpi"
 
+# Runs and the store stay under the repository's data/, whichever directory a notebook runs in.
 lab: venv
-	$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser notebooks/
+	WORKBENCH_RUNS=$(abspath data/runs) WORKBENCH_STORE=$(abspath data/workbench.sqlite) \
+		$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser $(if $(filter 0,$(shell id -u)),--allow-root,) notebooks/
 
 bench: venv
 	$(BIN)/workbench bench allreduce --ranks 4 --sizes 4K,64K,1M,8M,64M --algorithms all \

@@ -3,12 +3,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import os
+import tempfile
+
 import pytest
 
 from workbench.runtime.launcher import MPILaunchError, run_mpi
 
 ROOT = Path(__file__).resolve().parent.parent
 MPI_DIR = Path(__file__).resolve().parent / "mpi"
+
+# runs, the results store and cluster records of the test session go to a scratch directory,
+# never into the working tree or the user's ~/.cache
+_SCRATCH = tempfile.mkdtemp(prefix="workbench-tests-")
+for _name, _sub in (("WORKBENCH_STORE", "store.sqlite"), ("WORKBENCH_RUNS", "runs"),
+                    ("WORKBENCH_STATE_DIR", "state")):
+    os.environ.setdefault(_name, str(Path(_SCRATCH) / _sub))
 
 
 @pytest.fixture

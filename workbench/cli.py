@@ -2,11 +2,15 @@
 
     workbench train --algorithm sync-easgd --ranks 4 [--epochs 10 --lr ... --out DIR]
     workbench compare --algorithms sync-easgd,easgd [--target-accuracy 0.9 ...]
+    workbench runs [--store FILE] [--algorithm A] [--status S] [--limit 20]
+                                     the newest runs recorded in the results store
     workbench bench allreduce --ranks 4 --sizes 4K,64K,1M,8M,64M --algorithms all [--json FILE]
     workbench algorithms             the training and collective algorithm names
 
 Arguments are validated here, before mpiexec is launched; a bad value is an error that names
-the option and the allowed values.
+the option and the allowed values. ``train`` and ``compare`` record every run in the results
+store (``--store FILE``, default ``$WORKBENCH_STORE`` or ``data/workbench.sqlite``): a
+``running`` row before launch, then the finished run or the failure with its error.
 """
 from __future__ import annotations
 
@@ -87,6 +91,15 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", metavar="DIR", help="parent directory of the runs "
                                                       "(default data/runs/compare-<time>)")
 
+    runs = sub.add_parser("runs", help="list the runs in the results store, newest first")
+    runs.add_argument("--store", metavar="FILE", help="results store (default $WORKBENCH_STORE or "
+                                                      "data/workbench.sqlite)")
+    runs.add_argument("--algorithm", choices=list(ALGORITHMS), metavar="ALGORITHM",
+                      help=f"only this algorithm: {', '.join(ALGORITHMS)}")
+    runs.add_argument("--status", choices=("running", "finished", "failed", "cancelled"),
+                      help="only runs with this status")
+    runs.add_argument("--limit", type=_positive_int, default=20, help="at most this many rows (default 20)")
+
     sub.add_parser("algorithms", help="list the training and collective algorithm names")
     return parser
 
@@ -112,6 +125,8 @@ def _training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-rank", type=int, help="debug: make this rank raise at --fail-step")
     p.add_argument("--fail-step", type=int, help="debug: the step at which --fail-rank raises")
     p.add_argument("--timeout", type=float, default=1800, help="seconds before the job is killed")
+    p.add_argument("--store", metavar="FILE", help="results store (default $WORKBENCH_STORE or "
+                                                   "data/workbench.sqlite)")
 
 
 def _config(args: argparse.Namespace, algorithm: str):
@@ -127,39 +142,76 @@ def _config(args: argparse.Namespace, algorithm: str):
     return RunConfig(**values)
 
 
-def time_to_accuracy(run_dir, target: float) -> float | None:
-    """Seconds from the start until an evaluation first reached ``target``, or None."""
-    import json
+def _open_store(args, command: str):
+    """The results store named by ``--store`` (default ``$WORKBENCH_STORE`` or
+    ``data/workbench.sqlite``), or None after printing why it cannot be opened."""
+    import sqlite3
+
+    from .store import Store, default_path
+    try:
+        return Store(args.store)
+    except (OSError, sqlite3.Error, RuntimeError) as exc:
+        print(f"workbench {command}: cannot open the results store {args.store or default_path()}: {exc}",
+              file=sys.stderr)
+        return None
+
+
+def _recorded_train(store, run_id: str, cfg, run_dir, **options) -> dict:
+    """``runtime.batch.train`` with the run recorded in ``store``: a ``running`` row before mpiexec
+    starts (so a crash leaves a trace), then the finished run, or the failure and its error."""
     from pathlib import Path
-    for line in Path(run_dir, "metrics.jsonl").read_text().splitlines():
-        m = json.loads(line)
-        if m["kind"] == "eval" and not m.get("final") and m["test_accuracy"] >= target:
-            return m["t"]
-    return None
+
+    from .results import RunResult
+    from .runtime.batch import train
+    store.start_run(run_id, cfg.to_dict(), run_dir=str(Path(run_dir).resolve()))
+    try:
+        summary = train(cfg, run_dir, **options)
+    except KeyboardInterrupt:
+        store.fail(run_id, "interrupted from the keyboard", status="cancelled")
+        raise
+    except BaseException as exc:
+        store.fail(run_id, str(exc))
+        raise
+    store.finish(RunResult.from_run_dir(run_dir, run_id))
+    return summary
 
 
 def _train(args) -> int:
+    from pathlib import Path
+
     from .config import ConfigError
-    from .runtime.batch import train
+    from .runtime.batch import new_run_id, runs_root
     try:
         cfg = _config(args, args.algorithm)
     except ConfigError as exc:
         print(f"workbench train: error: {exc}", file=sys.stderr)
         return 2
+    store = _open_store(args, "train")
+    if store is None:
+        return 1
+    run_dir = Path(args.out or args.resume or runs_root() / new_run_id(cfg))
+    run_id = run_dir.name
+    print(f"{'run_id':20s} {run_id}", flush=True)
     try:
-        summary = train(cfg, args.out, resume=args.resume, timeout=args.timeout)
+        summary = _recorded_train(store, run_id, cfg, run_dir, resume=args.resume, timeout=args.timeout)
     except (MPILaunchError, ValueError, FileNotFoundError) as exc:
         print(f"workbench train: {exc}", file=sys.stderr)
+        print(f"workbench train: run {run_id} recorded as failed in {store.path}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"workbench train: interrupted; run {run_id} recorded as cancelled in {store.path}",
+              file=sys.stderr)
+        return 130
     for key in ("algorithm", "ranks", "final_test_accuracy", "final_loss", "wall_seconds", "steps",
                 "comm_fraction", "bytes_sent", "weights_checksum", "run_dir"):
         if key in summary:
             print(f"{key:20s} {summary[key]}")
+    print(f"{'store':20s} {store.path}")
     return 0
 
 
 def _percent(value) -> str:
-    return "" if value is None else f"{100 * value:.1f}%"
+    return "" if value is None or value != value else f"{100 * value:.1f}%"  # None or NaN: blank
 
 
 def _compare(args) -> int:
@@ -169,31 +221,68 @@ def _compare(args) -> int:
     from tabulate import tabulate
 
     from .config import ConfigError
-    from .runtime.batch import runs_root, train
+    from .runtime.batch import runs_root, time_to_accuracy
     names = list(ALGORITHMS) if args.algorithms == "all" else [a.strip() for a in args.algorithms.split(",")]
     try:
         configs = [_config(args, name) for name in names]  # all validated before the first launch
     except ConfigError as exc:
         print(f"workbench compare: error: {exc}", file=sys.stderr)
         return 2
+    store = _open_store(args, "compare")
+    if store is None:
+        return 1
     parent = Path(args.out) if args.out else runs_root() / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
     rows = []
     for cfg in configs:
+        run_id = f"{parent.name}-{cfg.algorithm}"  # unique across compares, unlike the directory name
+        print(f"{cfg.algorithm}: run {run_id}", flush=True)
         try:
-            s = train(cfg, parent / cfg.algorithm, timeout=args.timeout)
+            s = _recorded_train(store, run_id, cfg, parent / cfg.algorithm, timeout=args.timeout)
         except MPILaunchError as exc:
             print(f"workbench compare: {cfg.algorithm} failed: {exc}", file=sys.stderr)
-            rows.append([cfg.algorithm, "failed", "", "", "", ""])
+            rows.append([cfg.algorithm, "failed", "", "", "", "", run_id])
             continue
         tta = time_to_accuracy(parent / cfg.algorithm, args.target_accuracy)
         rows.append([cfg.algorithm, f"{s['final_test_accuracy']:.3f}", f"{s['wall_seconds']:.2f}",
                      "not reached" if tta is None else f"{tta:.2f}",
-                     _percent(s["comm_fraction"]), _percent(s["comm_fraction_workers"])])
+                     _percent(s["comm_fraction"]), _percent(s["comm_fraction_workers"]), run_id])
     print(tabulate(rows, headers=["algorithm", "final test acc", "train wall s",
                                   f"s to {args.target_accuracy:g} acc", "comm share (all ranks)",
-                                  "comm share (workers)"]))
-    print(f"\nruns under {parent}")
+                                  "comm share (workers)", "run id"]))
+    print(f"\nruns under {parent}, recorded in {store.path}")
     return 0 if all(r[1] != "failed" for r in rows) else 1
+
+
+def _runs(args) -> int:
+    from pathlib import Path
+
+    import pandas as pd
+    from tabulate import tabulate
+
+    from .store import default_path
+    path = Path(args.store) if args.store else default_path()
+    if not path.exists():  # listing must not create an empty store
+        print(f"no runs: the results store {path} does not exist yet (workbench train creates it)")
+        return 0
+    store = _open_store(args, "runs")
+    if store is None:
+        return 1
+    every = store.runs(algorithm=args.algorithm, status=args.status)
+    if every.empty:
+        print(f"no runs in {store.path}" + (" matching the filters" if args.algorithm or args.status else ""))
+        return 0
+
+    def number(value, spec: str) -> str:
+        return "" if pd.isna(value) else format(value, spec)
+
+    rows = [[r.run_id, f"{r.created:%Y-%m-%d %H:%M:%S}", r.status, r.algorithm, number(r.ranks, "d"),
+             number(r.final_test_accuracy, ".3f"), number(r.final_loss, ".3f"), number(r.wall_seconds, ".2f"),
+             _percent(r.comm_fraction), "" if pd.isna(r.error) else r.error.splitlines()[0][:70]]
+            for r in every.head(args.limit).itertuples()]
+    print(tabulate(rows, headers=["run id", "created", "status", "algorithm", "ranks", "final test acc",
+                                  "final loss", "train wall s", "comm share", "error"]))
+    print(f"\n{len(rows)} of {len(every)} runs in {store.path}, newest first")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -208,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _train(args)
     if args.command == "compare":
         return _compare(args)
+    if args.command == "runs":
+        return _runs(args)
     if args.command == "bench" and args.what == "allreduce":
         from .bench.allreduce import format_size
         worker = ["-m", "workbench.bench.allreduce",

@@ -67,6 +67,9 @@ class ElasticWorker:
         x, g = ctx.flat.data, ctx.flat.grad
         overlap = cfg.overlap and cfg.algorithm != "easgd"
         for step in range(ctx.steps):
+            if ctx.stop_requested():  # between exchanges: no message is in flight here
+                ctx.cancelled, ctx.steps_completed = True, step
+                break
             if step % cfg.tau == 0:
                 if overlap:  # send x, receive the center, while the gradient is computed
                     with ctx.span("exchange_post", "comm", bytes=x.numel() * 4):
@@ -110,6 +113,9 @@ class GradientWorker:
         x, g = ctx.flat.data, ctx.flat.grad
         pushed = torch.zeros_like(x)
         for step in range(ctx.steps):
+            if ctx.stop_requested():  # the gradient accumulated since the last push is dropped
+                ctx.cancelled, ctx.steps_completed = True, step
+                break
             ctx.gradient(step)
             pushed += g
             if (step + 1) % cfg.tau == 0 or step == ctx.steps - 1:

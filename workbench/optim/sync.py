@@ -83,6 +83,11 @@ class SyncAlgorithm:
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and ctx.out_dir is not None:
                 with ctx.span("checkpoint", "io", step=done):
                     checkpoint.save(ctx.out_dir, done, self.state(done), ctx.comm)
+            # cancellation: every rank must leave at the same step, so rank 0 decides and
+            # broadcasts (a 1-byte Bcast every eval_every steps)
+            if done % cfg.eval_every == 0 and done < ctx.steps and ctx.agree_to_stop():
+                ctx.cancelled, ctx.steps_completed = True, done  # rank 0 evaluated at this step
+                break
         return self.final_weights()
 
 

@@ -47,3 +47,10 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["run_dir"] = str(run_dir)
     return summary
+
+
+def time_to_accuracy(run_dir: str | os.PathLike, target: float) -> float | None:
+    """Seconds from the common start until an evaluation first reached ``target``, or None."""
+    from ..results import history_frame, time_to_accuracy as from_history
+    lines = Path(run_dir, "metrics.jsonl").read_text().splitlines()
+    return from_history(history_frame([json.loads(line) for line in lines if line.strip()]), target)

@@ -7,6 +7,7 @@ and record what they communicate through :meth:`Context.span`.
 from __future__ import annotations
 
 import math
+import os
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -21,6 +22,9 @@ from ..config import RunConfig
 from .telemetry import Telemetry
 
 
+CANCEL_FILE = "CANCEL"
+
+
 class TrainingError(RuntimeError):
     """Training cannot go on (non-finite loss, injected failure, ...)."""
 
@@ -28,7 +32,10 @@ class TrainingError(RuntimeError):
 class Context:
     """Per-rank training state. ``worker_index`` is this rank's shard (None on a master)."""
 
-    def __init__(self, cfg: RunConfig, comm: MPI.Comm, out_dir: Path | None) -> None:
+    #: seconds between two looks at the cancel flag (a stat call; cheap, but not free per step)
+    STOP_CHECK_SECONDS = 0.1
+
+    def __init__(self, cfg: RunConfig, comm: MPI.Comm, out_dir: Path | None, observers=()) -> None:
         self.cfg, self.comm = cfg, comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.out_dir = out_dir
@@ -45,11 +52,45 @@ class Context:
             self.batches = data_mod.Batches(self.data, self.worker_index, cfg.workers,
                                             cfg.batch_size, cfg.seed)
         self.steps = (self.batches.steps_per_epoch * cfg.epochs) if self.batches else 0
+        self.steps_completed = self.steps  # less when the run was cancelled
+        self.cancelled = False
         self.metrics: list[dict] = []
+        self.observers = list(observers)  # telemetry Observers: see spans and metric records
+        self._cancel_flag = Path(out_dir) / CANCEL_FILE if out_dir is not None else None
+        self._next_stop_check = 0.0
         comm.Barrier()  # line the ranks' clocks up: t = 0 is the same moment everywhere
         self.t0 = time.perf_counter()
         self.telemetry = Telemetry(self.rank, time.perf_counter_ns()) if cfg.telemetry else None
+        if self.telemetry:
+            self.telemetry.observers.extend(self.observers)
         self.bytes_sent = 0
+
+    # -- metrics and cancellation ----------------------------------------------------------
+    def add_metric(self, record: dict) -> None:
+        """Keep a metric record and show it to the observers (the live stream)."""
+        self.metrics.append(record)
+        for obs in self.observers:
+            obs.on_metric(record)
+
+    def stop_requested(self) -> bool:
+        """Whether someone asked this run to stop (``cancel()`` writes ``<run_dir>/CANCEL``).
+
+        Local to this rank and looked at no more than every ``STOP_CHECK_SECONDS``;
+        synchronous algorithms agree on it with :meth:`agree_to_stop`.
+        """
+        if self._cancel_flag is None:
+            return False
+        now = time.perf_counter()
+        if now < self._next_stop_check:
+            return False
+        self._next_stop_check = now + self.STOP_CHECK_SECONDS
+        return os.path.exists(self._cancel_flag)
+
+    def agree_to_stop(self) -> bool:
+        """Collective: rank 0's :meth:`stop_requested`, the same answer on every rank."""
+        flag = bytearray([1 if self.rank == 0 and self.stop_requested() else 0])
+        self.comm.Bcast(flag, root=0)
+        return bool(flag[0])
 
     # -- telemetry -------------------------------------------------------------------------
     def span(self, name: str, cat: str, **args):
@@ -81,8 +122,7 @@ class Context:
         if not math.isfinite(value):
             raise TrainingError(f"loss is {value} on rank {self.rank} at step {step}: training "
                                 f"diverged; lower lr (now {cfg.lr:g}) or rho (now {cfg.rho:g})")
-        self.metrics.append({"kind": "train", "rank": self.rank, "step": step, "t": self.now(),
-                             "loss": value})
+        self.add_metric({"kind": "train", "rank": self.rank, "step": step, "t": self.now(), "loss": value})
         return value
 
     @torch.no_grad()
@@ -95,7 +135,7 @@ class Context:
             acc = (out.argmax(1) == self.data.y_test).float().mean().item()
         record = {"kind": "eval", "rank": self.rank, "t": self.now(), "test_accuracy": acc,
                   "test_loss": loss, **where}
-        self.metrics.append(record)
+        self.add_metric(record)
         return record
 
     def is_eval_point(self, count: int, last: int) -> bool:

@@ -29,6 +29,9 @@ class Observer:
     def on_span(self, event: dict) -> None:  # noqa: D401 - hook
         """Called for every recorded span, on the recording thread."""
 
+    def on_metric(self, record: dict) -> None:  # noqa: D401 - hook
+        """Called for every metric record (a worker's loss, an evaluation), on the training thread."""
+
 
 class _Span:
     """A span being timed (a slotted object: cheaper than a generator context manager)."""
@@ -119,6 +122,9 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in merged]
 
 
+union_intervals = _union  # public name: the dashboard attributes time with it
+
+
 def busy_seconds(events: list[dict], cats: tuple[str, ...]) -> float:
     """Seconds during which at least one span of ``cats`` was open (overlaps counted once)."""
     spans = _union([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in cats])
@@ -131,17 +137,23 @@ def exposed_comm_seconds(events: list[dict]) -> float:
     counted; concurrent waits (several server threads) count once."""
     comm = _union([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in ("comm", "wait")])
     work = _union([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in ("compute", "io")])
-    exposed, j = 0.0, 0
-    for a, b in comm:
-        covered = 0.0
-        while j < len(work) and work[j][1] <= a:
+    return length_outside(comm, work) / 1e6
+
+
+def length_outside(intervals: list[tuple[float, float]], covered: list[tuple[float, float]]) -> float:
+    """Total length of ``intervals`` not inside ``covered`` (both disjoint and sorted, as from
+    :func:`union_intervals`)."""
+    total, j = 0.0, 0
+    for a, b in intervals:
+        inside = 0.0
+        while j < len(covered) and covered[j][1] <= a:
             j += 1
         k = j
-        while k < len(work) and work[k][0] < b:
-            covered += min(b, work[k][1]) - max(a, work[k][0])
+        while k < len(covered) and covered[k][0] < b:
+            inside += min(b, covered[k][1]) - max(a, covered[k][0])
             k += 1
-        exposed += (b - a) - covered
-    return exposed / 1e6
+        total += (b - a) - inside
+    return total
 
 
 def current() -> Telemetry | None:

@@ -22,11 +22,16 @@ from .context import Context
 from .telemetry import busy_seconds, exposed_comm_seconds, recording
 
 
-def run_rank(cfg: RunConfig, comm: MPI.Comm, run_dir: Path | None, resume: Path | None = None) -> dict | None:
-    """Train on this rank; returns the summary on rank 0 (None elsewhere)."""
+def run_rank(cfg: RunConfig, comm: MPI.Comm, run_dir: Path | None, resume: Path | None = None,
+             observers=()) -> dict | None:
+    """Train on this rank; returns the summary on rank 0 (None elsewhere).
+
+    ``observers``: :class:`~workbench.runtime.telemetry.Observer` objects that see every span
+    and metric record as it happens (the notebook's live stream).
+    """
     torch.set_num_threads(1)
     start = time.perf_counter()
-    ctx = Context(cfg, comm, run_dir)  # ends with a barrier: ctx.t0 is the common start
+    ctx = Context(cfg, comm, run_dir, observers)  # ends with a barrier: ctx.t0 is the common start
     setup = ctx.t0 - start
     algorithm = _algorithm(ctx)
     recorder = recording(ctx.telemetry) if ctx.telemetry else nullcontext()
@@ -54,7 +59,8 @@ def _finish(ctx: Context, final: torch.Tensor, wall: float, setup: float,
     time_in["exposed_comm"] = exposed_comm_seconds(events)
     allreduce_bytes = sum(e["args"].get("bytes_sent", 0) for e in events
                           if e["name"].startswith("allreduce:"))
-    mine = {"rank": ctx.rank, "wall": wall, "setup": setup, "time_in": time_in, "steps": ctx.steps,
+    mine = {"rank": ctx.rank, "wall": wall, "setup": setup, "time_in": time_in, "steps": ctx.steps_completed,
+            "cancelled": ctx.cancelled,
             "bytes_sent": ctx.bytes_sent + allreduce_bytes, "metrics": ctx.metrics, "events": events}
     everyone = comm.gather(mine, root=0)
     if ctx.rank != 0:
@@ -64,6 +70,7 @@ def _finish(ctx: Context, final: torch.Tensor, wall: float, setup: float,
     last_steps = sorted(train, key=lambda m: m["step"])[-max(1, cfg.workers * 5):]
     summary = {
         "algorithm": cfg.algorithm, "ranks": cfg.ranks, "workers": cfg.workers,
+        "cancelled": any(r["cancelled"] for r in everyone),
         "config": cfg.to_dict(),
         "final_test_accuracy": final_eval["test_accuracy"],
         "final_test_loss": final_eval["test_loss"],

@@ -1,0 +1,66 @@
+"""The notebook workbench's costs: engine start/stop, rank-to-notebook latency, dashboard overhead.
+
+- start / stop: ``wb.Cluster(n).start()`` and ``.stop()`` wall time, several times.
+- latency: seconds from a rank sending a batch of records to the notebook receiving it (same
+  clock: one machine), over a Sync EASGD run (records flow every step, batched every 50 ms).
+- dashboard overhead: training step time of the same run with and without a live Dashboard
+  attached (alternated; the dashboard draws in the notebook process, which shares the cores).
+
+    python benchmarks/cluster.py [--ranks 4] [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+from tabulate import tabulate
+
+import workbench as wb
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=10)
+    args = parser.parse_args()
+    starts, stops = [], []
+    for _ in range(args.repeats):
+        t = time.perf_counter()
+        cluster = wb.Cluster(n=args.ranks).start()
+        starts.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        cluster.stop()
+        stops.append(time.perf_counter() - t)
+    per_step = {True: [], False: []}
+    latencies = []
+    with tempfile.TemporaryDirectory() as tmp, wb.Cluster(n=args.ranks) as cluster:
+        for i in range(args.repeats):
+            for dashboard in (True, False):
+                cfg = wb.RunConfig(algorithm="sync-easgd", ranks=args.ranks, epochs=args.epochs)
+                run = cluster.train(cfg, f"{tmp}/{i}-{dashboard}", store=False)
+                view = wb.Dashboard(run) if dashboard else None
+                result = run.wait(600)
+                if view is not None:
+                    view.close()
+                per_step[dashboard].append(result.summary["wall_seconds"] / result.summary["steps_per_worker"])
+                latencies.extend(run.latencies)
+    latencies.sort()
+    on, off = statistics.median(per_step[True]), statistics.median(per_step[False])
+    print(f"cluster: {args.ranks} engines, {args.repeats} repeats\n")
+    print(tabulate([["start (s)", f"{statistics.median(starts):.2f}", f"{min(starts):.2f}", f"{max(starts):.2f}"],
+                    ["stop (s)", f"{statistics.median(stops):.2f}", f"{min(stops):.2f}", f"{max(stops):.2f}"]],
+                   headers=["", "median", "min", "max"]))
+    print()
+    print(tabulate([["rank -> notebook latency (ms)", f"{1e3 * latencies[len(latencies) // 2]:.1f}",
+                     f"{1e3 * latencies[int(len(latencies) * 0.95)]:.1f}", f"{1e3 * latencies[-1]:.1f}"]],
+                   headers=["", "median", "p95", "max"]))
+    print()
+    print(tabulate([["with dashboard", f"{on * 1e3:.3f}"], ["without", f"{off * 1e3:.3f}"],
+                    ["difference", f"{100 * (on - off) / off:+.1f}%"]], headers=["sync-easgd mlp", "ms/step (median)"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,259 @@
+"""wb.Cluster and Run: real ipyparallel engines that are MPI ranks, live data, failure, cancel.
+
+One cluster serves the module (start ~3 s); tests that break engines leave it restarted.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from workbench.config import ConfigError, RunConfig
+from workbench.runtime import cluster as cluster_mod
+from workbench.runtime.cluster import Cluster, cleanup_stale_clusters
+from workbench.runtime.run import RunError
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(scope="module")
+def state_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("state")
+    old = os.environ.get("WORKBENCH_STATE_DIR")
+    os.environ["WORKBENCH_STATE_DIR"] = str(path)
+    yield path
+    if old is None:
+        os.environ.pop("WORKBENCH_STATE_DIR")
+    else:
+        os.environ["WORKBENCH_STATE_DIR"] = old
+
+
+@pytest.fixture(scope="module")
+def cluster(state_dir):
+    with Cluster(n=4) as c:
+        yield c
+
+
+def test_engines_are_the_mpi_ranks_and_the_cluster_is_recorded(cluster, state_dir):
+    assert sorted(cluster.ranks.values()) == [0, 1, 2, 3]
+    record = json.loads((state_dir / "clusters" / f"{cluster.cluster_id}.json").read_text())
+    assert record["owner_pid"] == os.getpid() and record["n"] == 4
+    assert len(cluster_mod._processes_of(cluster.cluster_id)) >= 5  # controller + 4 engines
+
+
+def test_train_streams_history_while_running_and_returns_the_result(cluster, tmp_path):
+    cfg = RunConfig(algorithm="sync-easgd", ranks=4, epochs=4)
+    run = cluster.train(cfg, tmp_path / "run", store=False)
+    seen_while_running = 0
+    while not run.done():
+        seen_while_running = max(seen_while_running, len(run.history))
+        time.sleep(0.05)
+    result = run.wait(timeout=60)
+    assert result.status == "finished" and result.summary["steps"] == run.total_steps
+    assert 0 < seen_while_running  # rows arrived before the end
+    live = run.history
+    assert (live["kind"] == "train").sum() == run.total_steps  # every step's loss, none lost
+    assert sorted(live.loc[live["kind"] == "train", "rank"].unique()) == [0, 1, 2, 3]
+    assert {e["pid"] for e in run.trace} == {0, 1, 2, 3}
+    # the live spans are the saved ones, plus rank 0's final evaluation (after the trace was saved)
+    assert len(result.trace) <= len(run.trace) <= len(result.trace) + 1
+    latencies = sorted(run.latencies)
+    assert latencies[len(latencies) // 2] < 0.1  # rank -> notebook, median, seconds
+
+
+def test_ranks_below_n_use_the_first_ranks_and_master_algorithms_work(cluster, tmp_path):
+    run = cluster.train(RunConfig(algorithm="async-easgd", ranks=3, epochs=2), tmp_path / "r", store=False)
+    result = run.wait(timeout=60)
+    assert result.summary["ranks"] == 3 and result.summary["steps"] == run.total_steps
+    assert set(result.history["rank"].unique()) == {0, 1, 2}
+
+
+def _still_usable(cluster, tmp_path) -> None:
+    again = cluster.train(RunConfig(algorithm="sync-sgd", ranks=4, epochs=1), tmp_path / "ok", store=False)
+    assert again.wait(timeout=60).status == "finished"
+
+
+def test_failing_rank_raises_run_error_naming_it_and_cluster_stays_usable(cluster, tmp_path):
+    cfg = RunConfig(algorithm="sync-sgd", ranks=4, epochs=3, fail_rank=2, fail_step=5)
+    start = time.monotonic()
+    run = cluster.train(cfg, tmp_path / "fail", store=False)
+    with pytest.raises(RunError) as info:
+        run.wait(timeout=60)
+    assert time.monotonic() - start < 30
+    assert info.value.rank == 2 and "injected failure on rank 2" in str(info.value)
+    assert "Traceback" in str(info.value)
+    assert run.status == "failed"
+    assert (run.history["kind"] == "train").sum() > 0  # the failed run's partial history is kept
+    _still_usable(cluster, tmp_path)
+
+
+def test_dead_engine_is_reported_with_its_rank(cluster, tmp_path):
+    run = cluster.train(RunConfig(algorithm="sync-easgd", ranks=4, epochs=200), tmp_path / "die", store=False)
+    while len(run.history) < 20:
+        time.sleep(0.05)
+    os.kill(cluster.pids[1], signal.SIGKILL)
+    with pytest.raises(RunError) as info:
+        run.wait(timeout=60)
+    assert "died" in str(info.value)
+    assert info.value.rank in (1, None)  # named when seen dead alone (it usually is)
+    _still_usable(cluster, tmp_path)
+
+
+@pytest.mark.parametrize("algorithm", ["sync-easgd", "async-sgd"])
+def test_cancel_stops_the_ranks_and_keeps_the_cluster(cluster, tmp_path, algorithm):
+    run = cluster.train(RunConfig(algorithm=algorithm, ranks=4, epochs=500), tmp_path / "c", store=False)
+    while (run.history["kind"] == "train").sum() < 20:
+        time.sleep(0.05)
+    result = run.cancel(timeout=30)
+    assert result.status == "cancelled" and result.summary["cancelled"] is True
+    assert 0 < result.summary["steps"] < run.total_steps
+    assert cluster.healthy()
+    _still_usable(cluster, tmp_path)
+
+
+def test_keyboard_interrupt_in_wait_cancels_the_run(cluster, tmp_path):
+    run = cluster.train(RunConfig(algorithm="sync-sgd", ranks=4, epochs=500), tmp_path / "k", store=False)
+    while len(run.history) < 10:
+        time.sleep(0.05)
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        run.wait(timeout=60)
+    assert run.done() and run.status == "cancelled"
+
+
+def test_bad_input_is_refused_before_launch(cluster):
+    with pytest.raises(ConfigError, match="ranks: this cluster has 4 engines"):
+        cluster.train(RunConfig(algorithm="sync-sgd", ranks=5))
+    with pytest.raises(ConfigError, match="cfg: expected a workbench.RunConfig"):
+        cluster.train({"algorithm": "sync-sgd"})
+    with pytest.raises(ConfigError, match="engines: unknown launcher 'yarn'; allowed: mpi, slurm"):
+        Cluster(n=2, engines="yarn")
+    with pytest.raises(ConfigError, match="n: number of engines"):
+        Cluster(n=0)
+    with pytest.raises(RuntimeError, match="still going"):
+        run = cluster.train(RunConfig(algorithm="sync-sgd", ranks=2, epochs=200), store=False)
+        try:
+            cluster.train(RunConfig(algorithm="sync-sgd", ranks=2, epochs=1), store=False)
+        finally:
+            run.cancel()
+
+
+def test_slurm_batch_script_has_the_hpc_settings(state_dir, tmp_path):
+    c = Cluster(n=8, engines="slurm", account="proj42", queue="gpu", timelimit="01:30:00",
+                options="#SBATCH --gres=gpu:4", reachable=True)
+    script = c.batch_script(tmp_path)
+    for line in ("#SBATCH --account=proj42", "#SBATCH --partition=gpu", "#SBATCH --time=01:30:00",
+                 "#SBATCH --ntasks=8", "#SBATCH --gres=gpu:4"):
+        assert line in script, script
+    assert "srun" in script and "ipyparallel.engine" in script and "--mpi" in script
+    ipp_cluster = c._ipp_cluster()
+    assert ipp_cluster.controller_ip == "*" and ipp_cluster.controller_location
+    local = Cluster(n=2)._ipp_cluster()
+    assert local.controller_ip == "127.0.0.1"
+    with pytest.raises(ConfigError, match="batch_script"):
+        Cluster(n=2).batch_script()
+
+
+def _start_and_die(state_dir: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    script = textwrap.dedent("""
+        import os, sys
+        from workbench.runtime.cluster import Cluster
+        c = Cluster(n=2).start()
+        print(c.cluster_id, flush=True)
+        os.kill(os.getpid(), 9)  # a kernel that dies without stopping its cluster
+    """)
+    env = {**os.environ, "WORKBENCH_STATE_DIR": str(state_dir), **(extra_env or {})}
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_cluster_left_by_a_dead_kernel_is_stopped_by_the_next(tmp_path):
+    state = tmp_path / "state"
+    proc = _start_and_die(state)
+    cluster_id = proc.stdout.strip().splitlines()[0]
+    assert cluster_mod._processes_of(cluster_id), "the dead kernel's engines should still run"
+    os.environ["WORKBENCH_STATE_DIR"], old = str(state), os.environ.get("WORKBENCH_STATE_DIR")
+    try:
+        assert cleanup_stale_clusters() == [cluster_id]
+    finally:
+        os.environ["WORKBENCH_STATE_DIR"] = old if old is not None else ""
+        if old is None:
+            os.environ.pop("WORKBENCH_STATE_DIR")
+    assert cluster_mod._processes_of(cluster_id) == []
+    assert not list((state / "clusters").glob("*.json"))
+
+
+def test_works_when_path_lacks_the_venv_and_stops_clean(tmp_path):
+    script = textwrap.dedent("""
+        import glob, time
+        import workbench as wb
+        from workbench.runtime import cluster as cm
+        shm_before = set(glob.glob("/dev/shm/mpich_shm_*"))
+        with wb.Cluster(n=2) as c:
+            r = c.train(wb.RunConfig(algorithm="sync-sgd", ranks=2, epochs=1), store=False).wait(60)
+            cid = c.cluster_id
+        assert r.status == "finished", r
+        assert cm._processes_of(cid) == [], "processes left after stop"
+        assert set(glob.glob("/dev/shm/mpich_shm_*")) <= shm_before, "shm files left"
+        print("ok")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "PATH"}
+    env.update(PATH="/usr/bin:/bin", WORKBENCH_STATE_DIR=str(tmp_path / "state"),
+               WORKBENCH_RUNS=str(tmp_path / "runs"))
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                          timeout=180, cwd=tmp_path)
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+def test_sweep_records_every_point_survives_a_failure_and_resumes(cluster, tmp_path):
+    from workbench.store import Store
+    from workbench.sweep import Sweep
+    store = Store(tmp_path / "sweep.sqlite")
+    base = RunConfig(algorithm="async-easgd", ranks=3, epochs=1)
+    grid = {"algorithm": ["async-easgd", "async-sgd"], "fail_step": [None, 2]}
+    with pytest.raises(ConfigError, match="fail_rank and fail_step go together"):
+        Sweep(base, grid, seeds=[0], store=store)  # validated before anything runs
+    grid = {"algorithm": ["async-easgd", "async-sgd"], "tau": [1, 4]}
+    with pytest.raises(ConfigError, match="grid: unknown parameter 'taus'"):
+        Sweep(base, {"taus": [1]}, store=store)
+    sweep = Sweep(base, grid, seeds=[0], store=store, name="t")
+    frame = sweep.run(cluster, progress=False)
+    assert len(frame) == 4 and set(frame["status"]) == {"finished"}
+    assert set(zip(frame["cfg_algorithm"], frame["tau"])) == {(a, t) for a in grid["algorithm"] for t in grid["tau"]}
+    assert frame.loc[frame["cfg_algorithm"] == "async-sgd", "lr"].iloc[0] == 0.05  # per-algorithm default
+    again = Sweep(base, grid, seeds=[0], store=store, name="t")
+    assert again.sweep_id == sweep.sweep_id and again.pending() == []
+    assert len(again.run(cluster, progress=False)) == 4  # nothing re-run
+    figure = sweep.plot()
+    assert {t.name for t in figure.data} == {"async-easgd", "async-sgd"}
+    failing = Sweep({"algorithm": "sync-sgd", "ranks": 2, "epochs": 1, "fail_rank": 1, "fail_step": 3},
+                    {"tau": [1, 2]}, seeds=[0], store=store, name="f")
+    failing_frame = failing.run(cluster, progress=False)
+    assert list(failing_frame["status"]) == ["failed", "failed"]  # both tried: a failure does not stop it
+    assert all("rank 1" in e for e in failing_frame["error"])
+
+
+def test_sweep_panel_launches_from_its_widgets(cluster, tmp_path):
+    from workbench.dashboard.sweep_panel import SweepPanel
+    from workbench.store import Store
+    panel = SweepPanel(cluster, store=Store(tmp_path / "panel.sqlite"))
+    panel.algorithms.value = ("sync-sgd",)
+    panel.tau.value = "1"
+    panel.seeds.value = "0, 1"
+    panel.epochs.value = 1
+    panel.tau.value = "x"
+    panel.start()
+    assert "tau: comma-separated int values" in panel.status.value
+    panel.tau.value = "1"
+    panel.start()
+    panel.wait(timeout=120)
+    assert panel.progress.value == 2 and "done" in panel.status.value
+    assert panel.table.value.count("<tr") == 3  # header + two runs
+    assert len(panel.figure.data) == 1

@@ -1,0 +1,124 @@
+"""The dashboard: figures from a real run, replay, static HTML, live redraws at <= 2 Hz."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pandas as pd
+import pytest
+
+from workbench.config import RunConfig
+from workbench.dashboard import Dashboard, time_shares
+from workbench.results import RunObserver, RunResult, history_frame
+from workbench.runtime.batch import train
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(scope="module")
+def sync_run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("sync") / "run"
+    train(RunConfig(algorithm="sync-easgd", ranks=4, epochs=2), path)
+    return RunResult.from_run_dir(path)
+
+
+@pytest.fixture(scope="module")
+def master_run(tmp_path_factory):
+    path = tmp_path_factory.mktemp("master") / "run"
+    train(RunConfig(algorithm="async-easgd", ranks=3, epochs=2), path)
+    return RunResult.from_run_dir(path)
+
+
+def test_loss_figure_has_a_line_per_worker_and_the_accuracy(sync_run, master_run):
+    for result, workers in ((sync_run, ["0", "1", "2", "3"]), (master_run, ["1", "2"])):
+        dash = Dashboard(result)
+        names = [t.name for t in dash.loss.data]
+        assert [n.split()[-1] for n in names if n.startswith("loss rank")] == workers
+        acc = [t for t in dash.loss.data if t.name.startswith("test accuracy")][0]
+        evals = result.history[result.history["kind"] == "eval"]
+        assert len(acc.y) == len(evals) and all(0 <= y <= 1 for y in acc.y)
+        for trace in dash.loss.data:
+            assert len(trace.x) > 0 and pd.Series(trace.y).notna().all()
+
+
+def test_time_shares_sum_to_one_and_match_the_summary(sync_run):
+    shares = time_shares(sync_run.trace, 4)
+    assert list(shares.index) == ["rank 0", "rank 1", "rank 2", "rank 3"]
+    assert (shares.sum(axis=1) - 1).abs().max() < 1e-6
+    compute = shares["compute"].mean()
+    expected = sync_run.summary["time_in"]["compute"] / sync_run.summary["wall_seconds"]
+    assert compute == pytest.approx(expected, abs=0.15)
+
+
+def test_timeline_has_one_row_per_rank_coloured_by_category(sync_run, master_run):
+    for result in (sync_run, master_run):
+        dash = Dashboard(result, window_seconds=0.5)
+        ranks = result.ranks
+        assert list(dash.timeline.layout.yaxis.categoryarray) == [f"rank {r}" for r in range(ranks)]
+        bars = {t.name: t for t in dash.timeline.data if t.type == "bar"}
+        assert set(bars) == {"compute", "comm", "wait", "io"}
+        assert len({b.marker.color for b in bars.values()}) == 4
+        assert sum(len(b.x) for b in bars.values()) > 0
+
+
+def test_status_line_and_static_html(sync_run, tmp_path):
+    dash = Dashboard(sync_run)
+    assert f"step {sync_run.summary['steps']}/{sync_run.summary['steps']}" in dash.status.value
+    assert dash.progress.value == 1.0
+    html = dash.to_html(tmp_path / "report.html").read_text()
+    assert html.count("plotly.js v") == 1  # the library embedded once
+    for title in ("Loss and test accuracy", "Time share per rank", "Per-rank timeline"):
+        assert title in html
+
+
+class _Replayer:
+    """A live source that replays a real run's records over ~1.5 s (drives the dashboard)."""
+
+    def __init__(self, result: RunResult) -> None:
+        self.config, self.total_steps, self.summary = result.config, result.summary["steps"], None
+        self.status = "running"
+        self._records = result.history.astype(object).where(result.history.notna(), None).to_dict("records")
+        self._spans = result.trace
+        self._n = 0
+        self.observers: list[RunObserver] = []
+        self.calls = 0
+
+    @property
+    def history(self):
+        return history_frame([{k: v for k, v in r.items() if v is not None} for r in self._records[:self._n]])
+
+    @property
+    def trace(self):
+        return self._spans[: int(len(self._spans) * self._n / len(self._records))]
+
+    def done(self):
+        return self.status != "running"
+
+    def add_observer(self, obs):
+        self.observers.append(obs)
+
+    def play(self, seconds: float = 1.5) -> None:
+        steps = 300
+        for i in range(1, steps + 1):
+            self._n = len(self._records) * i // steps
+            for obs in self.observers:
+                obs.on_data(self)
+            self.calls += 1
+            time.sleep(seconds / steps)
+        self.status = "finished"
+        for obs in self.observers:
+            obs.on_finish(self)
+
+
+def test_live_dashboard_redraws_at_most_twice_a_second(sync_run):
+    source = _Replayer(sync_run)
+    dash = Dashboard(source)
+    start = time.monotonic()
+    player = threading.Thread(target=source.play)
+    player.start()
+    player.join()
+    dash._thread.join(timeout=5)
+    elapsed = time.monotonic() - start
+    assert source.calls >= 200 and not dash.errors
+    assert 2 <= dash.redraws <= 2 * elapsed + 2
+    assert f"step {sync_run.summary['steps']}/" in dash.status.value and "finished" in dash.status.value

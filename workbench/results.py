@@ -1,0 +1,140 @@
+"""What a finished (or failed, or cancelled) run leaves behind: :class:`RunResult`.
+
+A run directory holds ``config.json``, ``summary.json``, ``metrics.jsonl`` and ``trace.json``
+(written by rank 0, see :mod:`workbench.runtime.worker`). The results store
+(:mod:`workbench.store`) holds the same things in SQLite; both load into a ``RunResult``, which
+is what ``run.wait()`` returns and what the dashboard replays.
+
+``history`` has one row per metric record: ``kind`` (``"train"``: one worker's loss at a step;
+``"eval"``: test accuracy/loss of the center or the model at an evaluation point), ``rank``,
+``t`` (seconds since the ranks' common start), and ``step``, ``loss``, ``test_accuracy``,
+``test_loss``, ``epoch``, ``arrivals``, ``final`` where they apply.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+HISTORY_COLUMNS = ["kind", "rank", "step", "t", "loss", "test_accuracy", "test_loss", "epoch",
+                   "arrivals", "final"]
+
+STATUSES = ("running", "finished", "failed", "cancelled")
+
+
+def history_frame(records: list[dict]) -> pd.DataFrame:
+    """Metric records (dicts as in ``metrics.jsonl``) as a DataFrame with the standard columns."""
+    frame = pd.DataFrame.from_records(records) if records else pd.DataFrame()
+    for column in HISTORY_COLUMNS:
+        if column not in frame.columns:
+            frame[column] = pd.NA
+    extra = [c for c in frame.columns if c not in HISTORY_COLUMNS]
+    return frame[HISTORY_COLUMNS + extra]
+
+
+def time_to_accuracy(history: pd.DataFrame, target: float) -> float | None:
+    """Seconds from the common start until an evaluation first reached ``target``, or None."""
+    if history.empty:
+        return None
+    evals = history[(history["kind"] == "eval") & (history["final"] != True)]  # noqa: E712 - NA-safe
+    reached = evals[evals["test_accuracy"].astype(float) >= target]
+    return None if reached.empty else float(reached["t"].min())
+
+
+class RunObserver:
+    """Base class for whoever watches a live run (dask-style: do-nothing hooks).
+
+    A live :class:`~workbench.runtime.cluster.Run` calls the hooks from its receiver thread;
+    keep them cheap (the dashboard only marks itself dirty and redraws at <= 2 Hz).
+    """
+
+    def on_data(self, run) -> None:
+        """New metric records or spans arrived (``run.history`` / ``run.trace`` grew)."""
+
+    def on_finish(self, run) -> None:
+        """The run ended: ``run.status`` is ``finished``, ``failed`` or ``cancelled``."""
+
+
+@dataclass
+class RunResult:
+    """One run: its configuration, summary, per-step history and Chrome-trace spans.
+
+    Attributes:
+        run_id: the run's identifier (its directory name under ``data/runs``).
+        config: the :class:`~workbench.config.RunConfig` as a dict.
+        summary: ``summary.json`` (None when the run failed before finishing).
+        history: metrics as a DataFrame (see the module docstring).
+        trace: Chrome trace events (``ph == "X"`` spans, ``ts``/``dur`` in microseconds).
+        status: one of ``running``, ``finished``, ``failed``, ``cancelled``.
+        error: the failure (rank and traceback) for failed runs.
+        run_dir: where the run's files are, if anywhere.
+    """
+
+    run_id: str
+    config: dict[str, Any]
+    summary: dict[str, Any] | None = None
+    history: pd.DataFrame = field(default_factory=lambda: history_frame([]))
+    trace: list[dict] = field(default_factory=list)
+    status: str = "finished"
+    error: str | None = None
+    run_dir: str | None = None
+
+    @classmethod
+    def from_run_dir(cls, run_dir: str | os.PathLike, run_id: str | None = None) -> "RunResult":
+        """Load a run directory written by the batch runner or a cluster run."""
+        run_dir = Path(run_dir)
+        config = json.loads((run_dir / "config.json").read_text())
+        summary_path = run_dir / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+        metrics_path = run_dir / "metrics.jsonl"
+        records = [json.loads(line) for line in metrics_path.read_text().splitlines()
+                   if line.strip()] if metrics_path.exists() else []
+        trace_path = run_dir / "trace.json"
+        trace = [e for e in json.loads(trace_path.read_text())["traceEvents"] if e.get("ph") == "X"] \
+            if trace_path.exists() else []
+        status = "finished" if summary is not None else "failed"
+        if summary is not None and summary.get("cancelled"):
+            status = "cancelled"
+        return cls(run_id=run_id or run_dir.name, config=config, summary=summary,
+                   history=history_frame(records), trace=trace, status=status, run_dir=str(run_dir))
+
+    @property
+    def ranks(self) -> int:
+        return int(self.config["ranks"])
+
+    @property
+    def total_steps(self) -> int | None:
+        """Training steps summed over the workers (the progress bar's 100%)."""
+        return None if self.summary is None else self.summary.get("steps")
+
+    def done(self) -> bool:
+        return self.status != "running"
+
+    def time_to_accuracy(self, target: float) -> float | None:
+        """Seconds until an evaluation first reached ``target`` test accuracy, or None."""
+        return time_to_accuracy(self.history, target)
+
+    def chrome_trace(self) -> dict:
+        """``{"traceEvents": [...]}`` with one named row group per rank."""
+        ranks = sorted({e["pid"] for e in self.trace})
+        master = self.config.get("algorithm") not in ("sync-sgd", "sync-easgd")
+        meta = [{"name": "process_name", "ph": "M", "pid": r,
+                 "args": {"name": f"rank {r}" + (" (master)" if r == 0 and master else "")}} for r in ranks]
+        return {"traceEvents": meta + list(self.trace), "displayTimeUnit": "ms"}
+
+    def save_trace(self, path: str | os.PathLike) -> Path:
+        """Write the spans as Chrome-trace JSON (opens in Perfetto) and return the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.chrome_trace()))
+        return path
+
+    def __repr__(self) -> str:
+        acc = (self.summary or {}).get("final_test_accuracy")
+        acc_text = f", final_test_accuracy={acc:.3f}" if acc is not None else ""
+        return (f"RunResult({self.run_id!r}, {self.config.get('algorithm')}, ranks={self.config.get('ranks')}, "
+                f"status={self.status}{acc_text})")
