@@ -35,7 +35,9 @@ def main() -> None:
         cluster.stop()
         stops.append(time.perf_counter() - t)
     per_step = {True: [], False: []}
-    latencies = []
+    latencies = {True: [], False: []}
+    import plotly.graph_objects as go
+    go.FigureWidget()  # one-time imports (anywidget, plotly validators) are not a per-run cost
     with tempfile.TemporaryDirectory() as tmp, wb.Cluster(n=args.ranks) as cluster:
         for i in range(args.repeats):
             for dashboard in (True, False):
@@ -46,17 +48,20 @@ def main() -> None:
                 if view is not None:
                     view.close()
                 per_step[dashboard].append(result.summary["wall_seconds"] / result.summary["steps_per_worker"])
-                latencies.extend(run.latencies)
-    latencies.sort()
+                latencies[dashboard].extend(run.latencies)
     on, off = statistics.median(per_step[True]), statistics.median(per_step[False])
     print(f"cluster: {args.ranks} engines, {args.repeats} repeats\n")
     print(tabulate([["start (s)", f"{statistics.median(starts):.2f}", f"{min(starts):.2f}", f"{max(starts):.2f}"],
                     ["stop (s)", f"{statistics.median(stops):.2f}", f"{min(stops):.2f}", f"{max(stops):.2f}"]],
                    headers=["", "median", "min", "max"]))
     print()
-    print(tabulate([["rank -> notebook latency (ms)", f"{1e3 * latencies[len(latencies) // 2]:.1f}",
-                     f"{1e3 * latencies[int(len(latencies) * 0.95)]:.1f}", f"{1e3 * latencies[-1]:.1f}"]],
-                   headers=["", "median", "p95", "max"]))
+    rows = []
+    for dashboard in (False, True):
+        lat = sorted(latencies[dashboard])
+        rows.append([f"rank -> notebook latency (ms), {'with' if dashboard else 'no'} dashboard",
+                     f"{1e3 * lat[len(lat) // 2]:.1f}", f"{1e3 * lat[int(len(lat) * 0.95)]:.1f}",
+                     f"{1e3 * lat[-1]:.1f}", len(lat)])
+    print(tabulate(rows, headers=["", "median", "p95", "max", "batches"]))
     print()
     print(tabulate([["with dashboard", f"{on * 1e3:.3f}"], ["without", f"{off * 1e3:.3f}"],
                     ["difference", f"{100 * (on - off) / off:+.1f}%"]], headers=["sync-easgd mlp", "ms/step (median)"]))

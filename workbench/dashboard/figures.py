@@ -8,14 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from ..runtime.telemetry import length_outside, union_intervals as _union
 
 CATEGORIES = ("compute", "comm", "wait", "io")
 COLOURS = {"compute": "#4C78A8", "comm": "#E45756", "wait": "#F2A541", "io": "#54A24B", "other": "#BAB0AC"}
 MAX_POINTS_PER_LINE = 300
-MAX_TIMELINE_BARS = 4000
+MAX_TIMELINE_BARS = 2000
 
 
 def _downsample(frame: pd.DataFrame, column: str) -> pd.DataFrame:
@@ -26,24 +25,35 @@ def _downsample(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     return frame.groupby(blocks)[["t", column]].mean()
 
 
-def loss_figure(history: pd.DataFrame, title: str = "Loss and test accuracy") -> go.Figure:
-    """Train loss per worker against time, and test accuracy at the evaluation points."""
-    fig = make_subplots(specs=[[{"secondary_y": True}]])
+def loss_traces(history: pd.DataFrame) -> list[dict]:
+    """Plotly trace dicts: train loss per worker (left axis), test accuracy (right axis).
+
+    Arrays are numpy: plotly validates those in one step, lists element by element (the
+    difference is most of a live redraw's cost).
+    """
+    traces = []
     train = history[history["kind"] == "train"]
     for rank in sorted(train["rank"].dropna().unique()):
         part = _downsample(train[train["rank"] == rank].sort_values("t")[["t", "loss"]].astype(float), "loss")
-        fig.add_trace(go.Scatter(x=part["t"], y=part["loss"], mode="lines", name=f"loss rank {int(rank)}",
-                                 line=dict(width=1.5)), secondary_y=False)
+        traces.append(dict(type="scatter", x=part["t"].to_numpy(), y=part["loss"].to_numpy(), mode="lines",
+                           name=f"loss rank {int(rank)}", line=dict(width=1.5), yaxis="y"))
     evals = history[(history["kind"] == "eval")].sort_values("t")
-    fig.add_trace(go.Scatter(x=evals["t"].astype(float), y=evals["test_accuracy"].astype(float),
-                             mode="lines+markers", name="test accuracy (center)",
-                             line=dict(color="black", dash="dot")), secondary_y=True)
-    fig.update_layout(title=title, template="plotly_white", height=340, margin=dict(l=50, r=50, t=50, b=40),
-                      legend=dict(orientation="h", y=-0.2))
-    fig.update_xaxes(title_text="seconds since start")
-    fig.update_yaxes(title_text="train loss", secondary_y=False)
-    fig.update_yaxes(title_text="test accuracy", range=[0, 1], secondary_y=True)
-    return fig
+    traces.append(dict(type="scatter", x=evals["t"].astype(float).to_numpy(),
+                       y=evals["test_accuracy"].astype(float).to_numpy(), mode="lines+markers",
+                       name="test accuracy (center)", line=dict(color="black", dash="dot"), yaxis="y2"))
+    return traces
+
+
+def loss_layout(title: str = "Loss and test accuracy") -> dict:
+    return dict(title=dict(text=title), template="plotly_white", height=340, margin=dict(l=50, r=50, t=50, b=40),
+                legend=dict(orientation="h", y=-0.2), xaxis=dict(title=dict(text="seconds since start")),
+                yaxis=dict(title=dict(text="train loss")),
+                yaxis2=dict(title=dict(text="test accuracy"), range=[0, 1], overlaying="y", side="right"))
+
+
+def loss_figure(history: pd.DataFrame, title: str = "Loss and test accuracy") -> go.Figure:
+    """Train loss per worker against time, and test accuracy at the evaluation points."""
+    return go.Figure(data=loss_traces(history), layout=loss_layout(title))
 
 
 def time_shares(trace: list[dict], ranks: int) -> pd.DataFrame:
@@ -74,38 +84,58 @@ def time_shares(trace: list[dict], ranks: int) -> pd.DataFrame:
     return pd.DataFrame(rows, index=[f"rank {r}" for r in range(ranks)])
 
 
+def share_traces(shares: pd.DataFrame) -> list[dict]:
+    return [dict(type="bar", y=np.array(shares.index), x=shares[c].to_numpy(), name=c, orientation="h",
+                 marker=dict(color=COLOURS[c])) for c in shares.columns]
+
+
+def share_layout(ranks: int, title: str = "Time share per rank") -> dict:
+    return dict(barmode="stack", title=dict(text=title), template="plotly_white", height=60 + 40 * ranks,
+                xaxis=dict(range=[0, 1], tickformat=".0%"), margin=dict(l=70, r=20, t=50, b=30),
+                yaxis=dict(autorange="reversed"))
+
+
 def share_figure(shares: pd.DataFrame, title: str = "Time share per rank") -> go.Figure:
-    fig = go.Figure([go.Bar(y=shares.index, x=shares[c], name=c, orientation="h", marker_color=COLOURS[c])
-                     for c in shares.columns])
-    fig.update_layout(barmode="stack", title=title, template="plotly_white", height=60 + 40 * len(shares),
-                      xaxis=dict(range=[0, 1], tickformat=".0%"), margin=dict(l=70, r=20, t=50, b=30))
-    fig.update_yaxes(autorange="reversed")
-    return fig
+    return go.Figure(data=share_traces(shares), layout=share_layout(len(shares), title))
+
+
+def timeline_traces(trace: list[dict], ranks: int, window_seconds: float = 2.0) -> tuple[list[dict], list[float]]:
+    """Bars of the last ``window_seconds`` (one row per rank, coloured by category) and the x range (ms)."""
+    labels = np.array([f"rank {r}" for r in range(ranks)])
+    # spans arrive roughly in time order: the window is in the tail, no need to scan the whole run
+    tail = [e for e in trace[-4 * MAX_TIMELINE_BARS:] if e.get("ph", "X") == "X" and e.get("cat") in CATEGORIES]
+    end = max((e["ts"] + e["dur"] for e in tail), default=0.0)
+    start = end - window_seconds * 1e6
+    recent = [e for e in tail if e["ts"] + e["dur"] >= start][-MAX_TIMELINE_BARS:]
+    traces = []
+    for cat in CATEGORIES:
+        part = [e for e in recent if e["cat"] == cat]
+        traces.append(dict(
+            type="bar", y=labels[[e["pid"] for e in part]] if part else np.array([], dtype=object),
+            x=np.array([e["dur"] / 1e3 for e in part]), base=np.array([e["ts"] / 1e3 for e in part]),
+            orientation="h", name=cat, marker=dict(color=COLOURS[cat]),
+            hovertext=np.array([e["name"] for e in part], dtype=object),
+            hovertemplate="%{hovertext}: %{x:.3f} ms<extra></extra>"))
+    # every rank gets a row even when it has no span in the window
+    left = max(0.0, start / 1e3)
+    traces.append(dict(type="scatter", y=labels, x=np.full(ranks, left), mode="markers",
+                       marker=dict(opacity=0), showlegend=False, hoverinfo="skip"))
+    return traces, [left, end / 1e3 if end else window_seconds * 1e3]
+
+
+def timeline_layout(ranks: int, x_range: list[float], title: str = "Per-rank timeline") -> dict:
+    return dict(title=dict(text=title), barmode="overlay", template="plotly_white", height=80 + 45 * ranks,
+                margin=dict(l=70, r=20, t=50, b=40),
+                xaxis=dict(title=dict(text="milliseconds since start"), range=x_range),
+                yaxis=dict(categoryorder="array", categoryarray=[f"rank {r}" for r in range(ranks)],
+                           autorange="reversed", type="category"))
 
 
 def timeline_figure(trace: list[dict], ranks: int, window_seconds: float = 2.0,
                     title: str = "Per-rank timeline") -> go.Figure:
     """A Gantt of the last ``window_seconds`` of the trace: one row per rank, coloured by category."""
-    labels = [f"rank {r}" for r in range(ranks)]
-    spans = [e for e in trace if e.get("ph", "X") == "X" and e.get("cat") in CATEGORIES]
-    end = max((e["ts"] + e["dur"] for e in spans), default=0.0)
-    start = end - window_seconds * 1e6
-    recent = [e for e in spans if e["ts"] + e["dur"] >= start][-MAX_TIMELINE_BARS:]
-    fig = go.Figure()
-    for cat in CATEGORIES:
-        part = [e for e in recent if e["cat"] == cat]
-        fig.add_trace(go.Bar(
-            y=[f"rank {e['pid']}" for e in part], x=[e["dur"] / 1e3 for e in part],
-            base=[e["ts"] / 1e3 for e in part], orientation="h", name=cat, marker_color=COLOURS[cat],
-            hovertext=[e["name"] for e in part], hovertemplate="%{hovertext}: %{x:.3f} ms<extra></extra>"))
-    fig.update_layout(title=title, barmode="overlay", template="plotly_white", height=80 + 45 * ranks,
-                      margin=dict(l=70, r=20, t=50, b=40), xaxis_title="milliseconds since start")
-    fig.update_yaxes(categoryorder="array", categoryarray=labels, autorange="reversed", type="category")
-    fig.update_xaxes(range=[max(0.0, start / 1e3), end / 1e3 if end else window_seconds * 1e3])
-    # every rank gets a row even when it has no span in the window
-    fig.add_trace(go.Scatter(y=labels, x=[max(0.0, start / 1e3)] * ranks, mode="markers",
-                             marker=dict(opacity=0), showlegend=False, hoverinfo="skip"))
-    return fig
+    traces, x_range = timeline_traces(trace, ranks, window_seconds)
+    return go.Figure(data=traces, layout=timeline_layout(ranks, x_range, title))
 
 
 def status_line(source) -> tuple[str, float]:
