@@ -8,6 +8,7 @@ import time
 from collections import defaultdict
 
 import pytest
+import torch
 
 from workbench.config import RunConfig
 from workbench.optim import ALGORITHMS
@@ -62,6 +63,24 @@ def test_failure_keeps_a_valid_checkpoint_and_resume_equals_uninterrupted(tmp_pa
     assert checkpoint.latest_step(tmp_path / "broken") == 80
     resumed = train(RunConfig(**base), tmp_path / "resumed", resume=tmp_path / "broken")
     assert resumed["weights_checksum"] == whole["weights_checksum"]
+
+
+@pytest.mark.parametrize("algorithm", ["async-easgd", "async-sgd", "hogwild-easgd"])
+def test_asynchronous_runs_checkpoint_per_rank_and_resume(tmp_path, algorithm):
+    base = dict(algorithm=algorithm, ranks=3, epochs=4, checkpoint_every=20)
+    with pytest.raises(MPILaunchError) as info:
+        train(RunConfig(**base, fail_rank=2, fail_step=50), tmp_path / "broken")
+    assert info.value.failed_ranks == [2]
+    saved = {r: torch.load(tmp_path / "broken" / "checkpoint" / "async" / f"rank{r}.pt") for r in (0, 1, 2)}
+    assert saved[2]["step"] == 40  # rank 2 failed at step 50: its newest state is from step 40
+    assert saved[0]["arrivals"] % 20 == 0 and saved[0]["arrivals"] > 0
+    resumed = train(RunConfig(**base), tmp_path / "resumed", resume=tmp_path / "broken")
+    steps = [m for m in map(json.loads, (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines())
+             if m["kind"] == "train" and m["rank"] == 2]
+    assert min(m["step"] for m in steps) == 40  # rank 2 went on from its checkpoint, not from 0
+    assert resumed["final_test_accuracy"] >= 0.7  # 4 epochs in all: it trained on, it did not restart
+    with pytest.raises(MPILaunchError, match="no checkpoint/async"):
+        train(RunConfig(**base), tmp_path / "none", resume=tmp_path / "resumed-nothing")
 
 
 def test_a_diverging_run_stops_with_a_clear_message(tmp_path):

@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--algorithm", required=True, help=f"one of: {', '.join(ALGORITHMS)}")
     _training_options(train)
     train.add_argument("--out", metavar="DIR", help="run directory (default data/runs/<run-id>)")
-    train.add_argument("--resume", metavar="DIR", help="continue a synchronous run from its checkpoint")
+    train.add_argument("--resume", metavar="DIR", help="continue a run from its checkpoint (bitwise for sync-*)")
 
     compare = sub.add_parser("compare", help="train several algorithms and print a table")
     compare.add_argument("--algorithms", required=True, help=f"'all' or a comma-separated list of: "

@@ -20,6 +20,7 @@ import threading
 import torch
 from mpi4py import MPI
 
+from ..runtime import checkpoint
 from ..runtime.context import Context
 from . import rules
 
@@ -62,14 +63,16 @@ class ElasticWorker:
         self.velocity = torch.zeros_like(ctx.flat.data)
         self.momentum = ctx.cfg.spec.momentum
 
-    def run(self) -> torch.Tensor:
+    def run(self, resume_dir=None) -> torch.Tensor:
         ctx, cfg = self.ctx, self.ctx.cfg
         x, g = ctx.flat.data, ctx.flat.grad
         overlap = cfg.overlap and cfg.algorithm != "easgd"
-        for step in range(ctx.steps):
+        start = _resume_worker(ctx, resume_dir, x=x, velocity=self.velocity, center=self.center)
+        for step in range(start, ctx.steps):
             if ctx.stop_requested():  # between exchanges: no message is in flight here
                 ctx.cancelled, ctx.steps_completed = True, step
                 break
+            _checkpoint_worker(ctx, step, x=x, velocity=self.velocity, center=self.center)
             if step % cfg.tau == 0:
                 if overlap:  # send x, receive the center, while the gradient is computed
                     with ctx.span("exchange_post", "comm", bytes=x.numel() * 4):
@@ -108,14 +111,16 @@ class GradientWorker:
         self.ctx = ctx
         self.msg = _Messages(ctx)
 
-    def run(self) -> torch.Tensor:
+    def run(self, resume_dir=None) -> torch.Tensor:
         ctx, cfg = self.ctx, self.ctx.cfg
         x, g = ctx.flat.data, ctx.flat.grad
         pushed = torch.zeros_like(x)
-        for step in range(ctx.steps):
+        start = _resume_worker(ctx, resume_dir, x=x, pushed=pushed)
+        for step in range(start, ctx.steps):
             if ctx.stop_requested():  # the gradient accumulated since the last push is dropped
                 ctx.cancelled, ctx.steps_completed = True, step
                 break
+            _checkpoint_worker(ctx, step, x=x, pushed=pushed)
             ctx.gradient(step)
             pushed += g
             if (step + 1) % cfg.tau == 0 or step == ctx.steps - 1:
@@ -128,6 +133,28 @@ class GradientWorker:
                     x.copy_(rules.sgd(x, g, cfg.lr))  # local progress between pushes
         ctx.comm.Send(b"", dest=0, tag=TAG_DONE)
         return x
+
+
+def _checkpoint_worker(ctx: Context, step: int, **tensors: torch.Tensor) -> None:
+    """Save this worker's tensors and ``step`` every ``checkpoint_every`` steps (at the top of
+    a step: no exchange is in flight)."""
+    every = ctx.cfg.checkpoint_every
+    if every and step and step % every == 0 and ctx.out_dir is not None:
+        with ctx.span("checkpoint", "io", step=step):
+            checkpoint.save_own(ctx.out_dir, ctx.rank, ctx.size,
+                                {"step": step, **{k: t.clone() for k, t in tensors.items()}})
+
+
+def _resume_worker(ctx: Context, resume_dir, **tensors: torch.Tensor) -> int:
+    """Restore this worker's tensors from its own checkpoint; returns the step to start at."""
+    if resume_dir is None:
+        return 0
+    state = checkpoint.load_own(resume_dir, ctx.rank, ctx.size)
+    if state is None:
+        return 0
+    for name, tensor in tensors.items():
+        tensor.copy_(state[name])
+    return state["step"]
 
 
 # -- the master -----------------------------------------------------------------------------
@@ -144,6 +171,7 @@ class Master:
         self.arrivals = itertools.count(1)  # next() is atomic under the GIL
         self.total_arrivals = self._expected_arrivals()
         self._eval_lock = threading.Lock()  # evaluation only; updates never take a lock
+        self._checkpoint_lock = threading.Lock()  # one file writer at a time (hogwild threads)
 
     def _expected_arrivals(self) -> int:
         ctx, cfg = self.ctx, self.ctx.cfg
@@ -169,6 +197,13 @@ class Master:
             self.state.copy_(new)
             reply.copy_(self.state)
 
+    def _checkpoint(self, n: int) -> None:
+        ctx = self.ctx
+        if ctx.cfg.checkpoint_every and n % ctx.cfg.checkpoint_every == 0 and ctx.out_dir is not None:
+            with self._checkpoint_lock, ctx.span("checkpoint", "io", arrivals=n):
+                checkpoint.save_own(ctx.out_dir, 0, ctx.size, {"arrivals": n, "state": self.state.clone(),
+                                                               "velocity": self.velocity.clone()})
+
     def serve_one(self, source: int, payload: torch.Tensor, reply: torch.Tensor) -> None:
         ctx = self.ctx
         with ctx.span("receive", "comm", source=source):
@@ -178,11 +213,18 @@ class Master:
         with ctx.span("reply", "comm", dest=source):
             self.msg.send(reply, source, TAG_REPLY)
         n = next(self.arrivals)
+        self._checkpoint(n)
         if ctx.is_eval_point(n, self.total_arrivals):
             with self._eval_lock:
                 ctx.evaluate(self.state, arrivals=n)
 
-    def run(self) -> torch.Tensor:
+    def run(self, resume_dir=None) -> torch.Tensor:
+        if resume_dir is not None:
+            state = checkpoint.load_own(resume_dir, 0, self.ctx.size)
+            if state is not None:
+                self.state.copy_(state["state"])
+                self.velocity.copy_(state["velocity"])
+                self.arrivals = itertools.count(state["arrivals"] + 1)
         if self.ctx.cfg.algorithm.startswith("hogwild"):
             self._serve_hogwild()
         else:

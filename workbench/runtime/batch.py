@@ -30,13 +30,11 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
           timeout: float = 1800, stream: bool = False) -> dict:
     """Run ``cfg`` under mpiexec and return its summary (also in ``run_dir/summary.json``).
 
-    ``resume``: a run directory with a checkpoint (synchronous algorithms); the run continues
-    from its newest complete checkpoint and writes into ``run_dir`` (default: ``resume`` itself).
+    ``resume``: a run directory with a checkpoint; the run continues from its newest complete
+    checkpoint (bit for bit for the synchronous algorithms; each rank from its own newest state
+    for the asynchronous ones) and writes into ``run_dir`` (default: ``resume`` itself).
     Raises :class:`~workbench.runtime.launcher.MPILaunchError` naming the failed rank.
     """
-    if resume is not None and not cfg.spec.synchronous:
-        raise ValueError(f"resume: only synchronous algorithms (sync-sgd, sync-easgd) resume "
-                         f"bitwise; {cfg.algorithm} is asynchronous")
     run_dir = Path(run_dir if run_dir is not None else (resume or runs_root() / new_run_id(cfg)))
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.json").write_text(cfg.to_json())

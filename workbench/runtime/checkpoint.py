@@ -9,6 +9,11 @@ Every rank writes its file to a temporary name and renames it; after a barrier r
 ``latest.json`` atomically and only then deletes older step directories. A crash at any point
 leaves ``latest.json`` naming a complete set. Synchronous algorithms call :func:`save`
 collectively at the same step on every rank.
+
+Master-based (asynchronous) algorithms have no common step: every rank saves its own state when
+it is due (:func:`save_own`: ``checkpoint/async/rankN.pt``, replaced atomically) and resumes
+from it (:func:`load_own`). The ranks' files come from different moments, as the ranks do in an
+asynchronous run; a resumed asynchronous run continues, it does not repeat bit for bit.
 """
 from __future__ import annotations
 
@@ -61,3 +66,27 @@ def load(run_dir: Path, rank: int, nranks: int) -> dict:
         raise ValueError(f"--resume {run_dir}: checkpoint has {info['ranks']} ranks, this run "
                          f"{nranks}")
     return torch.load(Path(run_dir) / "checkpoint" / f"step-{info['step']:06d}" / f"rank{rank}.pt")
+
+
+def save_own(run_dir: Path, rank: int, nranks: int, state: dict) -> None:
+    """Write one rank's state on its own (no collective): asynchronous algorithms."""
+    folder = Path(run_dir) / "checkpoint" / "async"
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f"rank{rank}.pt.tmp"
+    torch.save({**state, "ranks": nranks}, tmp)
+    os.replace(tmp, folder / f"rank{rank}.pt")
+
+
+def load_own(run_dir: Path, rank: int, nranks: int) -> dict | None:
+    """This rank's own newest state, or None when it never saved one (it starts afresh)."""
+    folder = Path(run_dir) / "checkpoint" / "async"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--resume {run_dir}: no checkpoint/async/ (was the run started with "
+                                f"checkpoint_every > 0?)")
+    path = folder / f"rank{rank}.pt"
+    if not path.exists():
+        return None
+    state = torch.load(path)
+    if state["ranks"] != nranks:
+        raise ValueError(f"--resume {run_dir}: checkpoint has {state['ranks']} ranks, this run {nranks}")
+    return state
