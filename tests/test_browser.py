@@ -61,6 +61,15 @@ def lab(tmp_path):
 
 
 @pytest.mark.timeout(900)
+def _restart_kernels(url: str, token: str) -> None:
+    import json
+    with urllib.request.urlopen(f"{url}/api/kernels?token={token}", timeout=10) as response:
+        kernels = json.load(response)
+    for kernel in kernels:
+        request = urllib.request.Request(f"{url}/api/kernels/{kernel['id']}/restart?token={token}", method="POST")
+        urllib.request.urlopen(request, timeout=60).close()
+
+
 def test_quickstart_runs_in_jupyterlab_and_the_dashboard_renders(lab, tmp_path):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
@@ -71,18 +80,23 @@ def test_quickstart_runs_in_jupyterlab_and_the_dashboard_renders(lab, tmp_path):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         try:
-            for attempt in range(3):  # the kernel connection now and then stalls on a loaded machine
+            ready = """() => {
+                const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;
+                const kernel = w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel;
+                return !!kernel && kernel.connectionStatus === 'connected' && kernel.status === 'idle';
+            }"""
+            for attempt in range(3):  # now and then the first kernel connection stalls on a loaded machine
                 page.goto(f"{url}/lab/tree/{NOTEBOOK.name}?token={token}")
                 page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-                page.wait_for_function("window.jupyterapp && window.jupyterapp.shell.currentWidget", timeout=60_000)
                 try:
-                    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+                    page.wait_for_function(ready, timeout=60_000)
                     break
                 except PlaywrightTimeout:
                     if attempt == 2:
                         raise
-            # resolves when every cell has run
-            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+                    _restart_kernels(url, token)
+            # start every cell without waiting here (the command's promise can outlive a stall)
+            page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
             # done when the last cell (cluster.stop()) has an execution count and nothing is queued
             page.wait_for_function("""() => {
                 const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]

@@ -238,3 +238,4 @@ ALGORITHMS: dict[str, Callable[[int], Schedule]] = {
     "double_binary_tree": double_binary_tree,
     "linear": linear,
 }
+from .multitree import multitree, ring_2d  # noqa: E402,F401 - topology-aware schedules
