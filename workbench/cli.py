@@ -156,44 +156,54 @@ def _open_store(args, command: str):
         return None
 
 
-def _recorded_train(store, run_id: str, cfg, run_dir, **options) -> dict:
+def _recorded_train(store, run_id: str, cfg, run_dir, **options):
     """``runtime.batch.train`` with the run recorded in ``store``: a ``running`` row before mpiexec
-    starts (so a crash leaves a trace), then the finished run, or the failure and its error."""
+    starts (so a crash leaves a trace), then the finished run, or the failure and its error.
+    Returns the finished run's :class:`~workbench.results.RunResult`."""
     from pathlib import Path
 
     from .results import RunResult
     from .runtime.batch import train
     store.start_run(run_id, cfg.to_dict(), run_dir=str(Path(run_dir).resolve()))
     try:
-        summary = train(cfg, run_dir, **options)
+        train(cfg, run_dir, **options)
     except KeyboardInterrupt:
         store.fail(run_id, "interrupted from the keyboard", status="cancelled")
         raise
     except BaseException as exc:
         store.fail(run_id, str(exc))
         raise
-    store.finish(RunResult.from_run_dir(run_dir, run_id))
-    return summary
+    result = RunResult.from_run_dir(run_dir, run_id)
+    store.finish(result)
+    return result
+
+
+def _configs_and_store(args, names: list[str], command: str):
+    """Validate every configuration before anything launches, then open the store.
+    Returns ``(configs, store)``, or the exit code after printing why not."""
+    from .config import ConfigError
+    try:
+        configs = [_config(args, name) for name in names]
+    except ConfigError as exc:
+        print(f"workbench {command}: error: {exc}", file=sys.stderr)
+        return 2
+    store = _open_store(args, command)
+    return 1 if store is None else (configs, store)
 
 
 def _train(args) -> int:
     from pathlib import Path
 
-    from .config import ConfigError
     from .runtime.batch import new_run_id, runs_root
-    try:
-        cfg = _config(args, args.algorithm)
-    except ConfigError as exc:
-        print(f"workbench train: error: {exc}", file=sys.stderr)
-        return 2
-    store = _open_store(args, "train")
-    if store is None:
-        return 1
+    prepared = _configs_and_store(args, [args.algorithm], "train")
+    if isinstance(prepared, int):
+        return prepared
+    [cfg], store = prepared
     run_dir = Path(args.out or args.resume or runs_root() / new_run_id(cfg))
     run_id = run_dir.name
     print(f"{'run_id':20s} {run_id}", flush=True)
     try:
-        summary = _recorded_train(store, run_id, cfg, run_dir, resume=args.resume, timeout=args.timeout)
+        result = _recorded_train(store, run_id, cfg, run_dir, resume=args.resume, timeout=args.timeout)
     except (MPILaunchError, ValueError, FileNotFoundError) as exc:
         print(f"workbench train: {exc}", file=sys.stderr)
         print(f"workbench train: run {run_id} recorded as failed in {store.path}", file=sys.stderr)
@@ -202,6 +212,7 @@ def _train(args) -> int:
         print(f"workbench train: interrupted; run {run_id} recorded as cancelled in {store.path}",
               file=sys.stderr)
         return 130
+    summary = {**result.summary, "run_dir": result.run_dir}
     for key in ("algorithm", "ranks", "final_test_accuracy", "final_loss", "wall_seconds", "steps",
                 "comm_fraction", "bytes_sent", "weights_checksum", "run_dir"):
         if key in summary:
@@ -220,29 +231,24 @@ def _compare(args) -> int:
 
     from tabulate import tabulate
 
-    from .config import ConfigError
-    from .runtime.batch import runs_root, time_to_accuracy
+    from .runtime.batch import runs_root
     names = list(ALGORITHMS) if args.algorithms == "all" else [a.strip() for a in args.algorithms.split(",")]
-    try:
-        configs = [_config(args, name) for name in names]  # all validated before the first launch
-    except ConfigError as exc:
-        print(f"workbench compare: error: {exc}", file=sys.stderr)
-        return 2
-    store = _open_store(args, "compare")
-    if store is None:
-        return 1
+    prepared = _configs_and_store(args, names, "compare")
+    if isinstance(prepared, int):
+        return prepared
+    configs, store = prepared
     parent = Path(args.out) if args.out else runs_root() / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
     rows = []
     for cfg in configs:
         run_id = f"{parent.name}-{cfg.algorithm}"  # unique across compares, unlike the directory name
         print(f"{cfg.algorithm}: run {run_id}", flush=True)
         try:
-            s = _recorded_train(store, run_id, cfg, parent / cfg.algorithm, timeout=args.timeout)
+            result = _recorded_train(store, run_id, cfg, parent / cfg.algorithm, timeout=args.timeout)
         except MPILaunchError as exc:
             print(f"workbench compare: {cfg.algorithm} failed: {exc}", file=sys.stderr)
             rows.append([cfg.algorithm, "failed", "", "", "", "", run_id])
             continue
-        tta = time_to_accuracy(parent / cfg.algorithm, args.target_accuracy)
+        s, tta = result.summary, result.time_to_accuracy(args.target_accuracy)
         rows.append([cfg.algorithm, f"{s['final_test_accuracy']:.3f}", f"{s['wall_seconds']:.2f}",
                      "not reached" if tta is None else f"{tta:.2f}",
                      _percent(s["comm_fraction"]), _percent(s["comm_fraction_workers"]), run_id])

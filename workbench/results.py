@@ -20,6 +20,8 @@ from typing import Any
 
 import pandas as pd
 
+from .runtime.telemetry import chrome_trace
+
 HISTORY_COLUMNS = ["kind", "rank", "step", "t", "loss", "test_accuracy", "test_loss", "epoch",
                    "arrivals", "final"]
 
@@ -120,11 +122,10 @@ class RunResult:
 
     def chrome_trace(self) -> dict:
         """``{"traceEvents": [...]}`` with one named row group per rank."""
-        ranks = sorted({e["pid"] for e in self.trace})
-        master = self.config.get("algorithm") not in ("sync-sgd", "sync-easgd")
-        meta = [{"name": "process_name", "ph": "M", "pid": r,
-                 "args": {"name": f"rank {r}" + (" (master)" if r == 0 and master else "")}} for r in ranks]
-        return {"traceEvents": meta + list(self.trace), "displayTimeUnit": "ms"}
+        from .optim.registry import ALGORITHMS
+        spec = ALGORITHMS.get(self.config.get("algorithm"))
+        return chrome_trace(self.trace, sorted({e["pid"] for e in self.trace}),
+                            master=0 if spec is not None and spec.master_based else None)
 
     def save_trace(self, path: str | os.PathLike) -> Path:
         """Write the spans as Chrome-trace JSON (opens in Perfetto) and return the path."""

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..runtime.telemetry import length_outside, union_intervals as _union
+from ..runtime.telemetry import length_outside, union_intervals
 
 CATEGORIES = ("compute", "comm", "wait", "io")
 COLOURS = {"compute": "#4C78A8", "comm": "#E45756", "wait": "#F2A541", "io": "#54A24B", "other": "#BAB0AC"}
@@ -75,9 +75,9 @@ def time_shares(trace: list[dict], ranks: int) -> pd.DataFrame:
         wall = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
         shares, covered = {}, []
         for cat in order:
-            mine = _union([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == cat])
+            mine = union_intervals([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == cat])
             shares[cat] = length_outside(mine, covered) / wall if wall > 0 else 0.0
-            covered = _union(covered + mine)
+            covered = union_intervals(covered + mine)
         shares = {c: shares[c] for c in CATEGORIES}
         shares["other"] = max(0.0, 1.0 - sum(shares.values()))
         rows.append(shares)

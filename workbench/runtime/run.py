@@ -231,45 +231,45 @@ class Run:
         self.status, self.error = status, error
         self.cluster.kill_engines()
 
-    def _engine_error(self) -> tuple[int | None, str]:
-        """The engines' exception as (rank, text) when no rank reported its own: an engine that
-        died (killed, out of memory, a crash in C), or an error before the live stream opened."""
+    def _engine_error(self) -> tuple[int | None, str, bool]:
+        """The engines' exception as (rank, text, an engine died) when no rank reported its own:
+        an engine that died (killed, out of memory, a crash in C), or an error before the live
+        stream opened."""
         try:
             self._async.get(timeout=0)
         except Exception as exc:  # noqa: BLE001 - ipyparallel's CompositeError / EngineError
             errors = list(getattr(exc, "elist", ())) or [(type(exc).__name__, str(exc), "", {})]
             if any(name == "EngineError" for name, *_ in errors):
-                self.cluster.kill_engines()  # MPI lost a rank: the rest of the job is gone or stuck
                 rank = self._first_dead
                 died = "an engine" if rank is None else f"rank {rank}'s engine"
                 return rank, (f"{died} died (killed, out of memory, or crashed outside Python); "
-                              f"MPI stopped the other ranks.\n" + "\n".join(str(e[1]) for e in errors))
+                              f"MPI stopped the other ranks.\n" + "\n".join(str(e[1]) for e in errors)), True
             name, value, text, info = errors[0]
             rank = self.cluster.ranks.get((info or {}).get("engine_id"))
-            return rank, f"rank {rank} failed: {name}: {value}\n{text}"
-        return None, ""
+            return rank, f"rank {rank} failed: {name}: {value}\n{text}", False
+        return None, "", False
 
     def _finish(self, stored: int) -> None:
         if self.status == "running":  # the engines returned (cleanly or with an error)
             if self.failed_rank is None:
-                rank, text = self._engine_error()
+                rank, text, died = self._engine_error()
+                if died:
+                    self.cluster.kill_engines()  # MPI lost a rank: the rest of the job is gone or stuck
                 if text:
                     self.failed_rank, self.error = rank, text
             if self.error and not self._cancel_requested:
                 self.status = "failed"
             elif (self.run_dir / "summary.json").exists():
-                self.summary = json.loads((self.run_dir / "summary.json").read_text())
+                self.result = RunResult.from_run_dir(self.run_dir, self.run_id)
+                self.summary = self.result.summary
                 cancelled = self.summary.get("cancelled") or self._cancel_requested
                 self.status = "cancelled" if cancelled else "finished"
             else:
                 self.status, self.error = "failed", self.error or "the engines returned no summary"
-        if self.summary is not None:
-            self.result = RunResult.from_run_dir(self.run_dir, self.run_id)
-            self.result.status = self.status
-        else:
+        if self.result is None:  # no summary: what the live stream brought is the record
             self.result = RunResult(run_id=self.run_id, config=self.config, history=self.history,
-                                    trace=self.trace, status=self.status, error=self.error,
-                                    run_dir=str(self.run_dir))
+                                    trace=self.trace, error=self.error, run_dir=str(self.run_dir))
+        self.result.status = self.status
         if self.store is not None:
             self.store.finish(self.result)
         self._done.set()

@@ -102,8 +102,7 @@ class Telemetry:
 
     def chrome_trace(self) -> dict:
         """The spans as a Chrome trace object (``{"traceEvents": [...]}``)."""
-        meta = {"name": "process_name", "ph": "M", "pid": self.rank, "args": {"name": f"rank {self.rank}"}}
-        return {"traceEvents": [meta, *self.events], "displayTimeUnit": "ms"}
+        return chrome_trace(self.events, [self.rank])
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write :meth:`chrome_trace` as JSON to ``path`` and return it."""
@@ -112,7 +111,7 @@ class Telemetry:
         return path
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def union_intervals(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     merged: list[list[float]] = []
     for start, end in sorted(intervals):
         if merged and start <= merged[-1][1]:
@@ -122,12 +121,17 @@ def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in merged]
 
 
-union_intervals = _union  # public name: the dashboard attributes time with it
+def chrome_trace(events: list[dict], ranks, master: int | None = None) -> dict:
+    """``{"traceEvents": [...]}``: a named row group per rank (``master`` labelled so), then
+    ``events``. Opens in Perfetto and chrome://tracing."""
+    meta = [{"name": "process_name", "ph": "M", "pid": r,
+             "args": {"name": f"rank {r}" + (" (master)" if r == master else "")}} for r in ranks]
+    return {"traceEvents": meta + list(events), "displayTimeUnit": "ms"}
 
 
 def busy_seconds(events: list[dict], cats: tuple[str, ...]) -> float:
     """Seconds during which at least one span of ``cats`` was open (overlaps counted once)."""
-    spans = _union([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in cats])
+    spans = union_intervals([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in cats])
     return sum(b - a for a, b in spans) / 1e6
 
 
@@ -135,8 +139,8 @@ def exposed_comm_seconds(events: list[dict]) -> float:
     """Seconds spent communicating or waiting while *not* computing: communication that
     overlaps computation (another thread's all-reduce during backward) is hidden and not
     counted; concurrent waits (several server threads) count once."""
-    comm = _union([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in ("comm", "wait")])
-    work = _union([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in ("compute", "io")])
+    comm = union_intervals([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in ("comm", "wait")])
+    work = union_intervals([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") in ("compute", "io")])
     return length_outside(comm, work) / 1e6
 
 

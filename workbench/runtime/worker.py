@@ -19,7 +19,7 @@ from mpi4py import MPI
 
 from ..config import RunConfig
 from .context import Context
-from .telemetry import busy_seconds, exposed_comm_seconds, recording
+from .telemetry import busy_seconds, chrome_trace, exposed_comm_seconds, recording
 
 
 def run_rank(cfg: RunConfig, comm: MPI.Comm, run_dir: Path | None, resume: Path | None = None,
@@ -102,10 +102,8 @@ def _finish(ctx: Context, final: torch.Tensor, wall: float, setup: float,
                 for m in r["metrics"]:
                     f.write(json.dumps(m) + "\n")
             f.write(json.dumps(final_eval) + "\n")
-        trace = {"traceEvents": [{"name": "process_name", "ph": "M", "pid": r["rank"],
-                                  "args": {"name": f"rank {r['rank']}" + (" (master)" if r["rank"] == 0 and cfg.spec.master_based else "")}}
-                                 for r in everyone] + [e for r in everyone for e in r["events"]],
-                 "displayTimeUnit": "ms"}
+        trace = chrome_trace([e for r in everyone for e in r["events"]], [r["rank"] for r in everyone],
+                             master=0 if cfg.spec.master_based else None)
         (run_dir / "trace.json").write_text(json.dumps(trace))
     return summary
 
