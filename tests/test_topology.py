@@ -8,7 +8,8 @@ import pytest
 
 from workbench.collectives import ScheduleError, schedules, topology
 from workbench.collectives.multitree import multitree_trees
-from workbench.collectives.simulator import simulate
+from workbench.collectives.schedule import Schedule, Transfer, make_schedule
+from workbench.collectives.simulator import link_use, schedule_routes, simulate
 from workbench.runtime.launcher import run_mpi
 
 ALPHA, B, S = 150e-9, 16e9, 64 << 20
@@ -89,6 +90,111 @@ def test_ring_2d_validates(rows, cols):
     assert s.num_steps == 2 * (cols - 1) + 2 * (rows - 1)
 
 
+@pytest.mark.parametrize("rows, cols", [(2, 2), (2, 3), (4, 4), (3, 5), (1, 4)])
+def test_bidirectional_ring_2d_validates_and_halves_the_bandwidth_term(rows, cols):
+    s = schedules.ring_2d(rows, cols, bidirectional=True).validate()
+    assert s.nchunks == 2 * rows * cols
+    if rows > 2 and cols > 2:  # the two halves never share a directed link in a step
+        torus = topology.torus(rows, cols)
+        half = rows * cols
+        for step in s.steps:
+            first = {(t.src, t.dst) for t in step if t.chunk < half}
+            second = {(t.src, t.dst) for t in step if t.chunk >= half}
+            assert not first & second
+    if rows == cols == 4:
+        one_way = simulate(schedules.ring_2d(4, 4), torus, S, link_latency=0).seconds
+        assert simulate(s, torus, S, link_latency=0).seconds == pytest.approx(one_way / 2)
+
+
+@pytest.mark.parametrize("topo", [topology.fat_tree(16, nodes_per_leaf=4), topology.fat_tree(8, nodes_per_leaf=2),
+                                  topology.bigraph(16, switches_per_layer=2), topology.bigraph(8, switches_per_layer=2),
+                                  topology.bus(4)])
+def test_switch_aware_multitree_is_contention_free(topo):
+    for k in (2, 3):
+        s = schedules.multitree(topo, k).validate()
+        use = link_use(s, topo)
+        assert max(max(step.values()) for step in use) == 1          # no switch link shared in a step
+        n = topo.nodes
+        # one link into the network per rank: at most n transfers per step, so >= n-1 steps
+        assert s.params["tree_steps"] >= max(n - 1, topology.lower_bound_steps(n, len(topo.links)))
+    if topo.kind == "fat_tree" or topo.nodes == 8:  # no blocking in the fabric: the n-1 bound exactly
+        assert s.params["tree_steps"] == topo.nodes - 1
+    # the paper's rule: the first child a root attaches is on its own switch
+    edges, _ = multitree_trees(topo, 2)
+    first = {}
+    for root, child, parent, t in edges:
+        first.setdefault(root, (child, parent, t))
+    assert all(topo.attach[c] == topo.attach[p] for c, p, t in first.values() if topo.kind != "bus")
+
+
+@pytest.mark.parametrize("topo", [topology.fat_tree(64, nodes_per_leaf=8), topology.bigraph(32, switches_per_layer=4)])
+def test_switch_aware_multitree_on_the_papers_networks_reaches_n_minus_1(topo):
+    """The paper's fat tree and BiGraph: as few steps as the ring, so at large sizes the two
+    converge (the paper's finding); the routes the construction chose are in the schedule."""
+    s = schedules.multitree(topo, 2)
+    assert s.params["tree_steps"] == topo.nodes - 1
+    routes = s.params["routes"]
+    assert len(routes) == s.num_transfers and all(set(r) <= topo.links for r in routes.values())
+    # on the fat tree the search spreads transfers over the spines: a fixed route per pair
+    # (the topology's own up-down routing) would put two transfers on one link in some step
+    assert max(max(step.values()) for step in link_use(s, topo)) == 1
+    if topo.kind == "fat_tree":
+        bare = Schedule(s.name, s.nranks, s.nchunks, s.steps, {})
+        assert simulate(bare, topo, S).max_link_flows > 1
+    ring = schedules.ring(topo.nodes)
+    assert simulate(s, topo, S).seconds == pytest.approx(simulate(ring, topo, S).seconds, rel=0.02)
+
+
+def test_schedule_routes_apply_only_where_their_links_exist():
+    fat = topology.fat_tree(16, nodes_per_leaf=4)
+    s = schedules.multitree(fat, 2)
+    fixed = [[fat.route(t.src, t.dst) for t in step] for step in s.steps]
+    own = schedule_routes(s, fat)
+    assert own != fixed and all(r[0] == f[0] and r[-1] == f[-1] for a, b in zip(own, fixed) for r, f in zip(a, b))
+    # the same ranks on a network without those spine links: routed the topology's way
+    thin = topology.fat_tree(16, nodes_per_leaf=4, spines=2)
+    assert schedule_routes(s, thin) == [[thin.route(t.src, t.dst) for t in step] for step in s.steps]
+    assert simulate(s, thin, S).max_link_flows > 1
+
+
+def test_bus_closed_form():
+    n, bus = 4, topology.bus(4)
+    assert bus.route(0, 3) == ((0, 4), (4, 5), (5, 3))
+    # every step of a ring: n transfers of S/n bytes all on the one bus link, 3 hops each
+    assert simulate(schedules.ring(n), bus, S).seconds == pytest.approx(2 * (n - 1) * (S / B + 3 * ALPHA))
+
+
+def test_flow_mode():
+    torus = topology.torus(4, 4)
+    ring = schedules.ring(16, order=torus.ring_order())
+    for schedule in (ring, schedules.multitree(torus, 2)):   # contention-free and symmetric: the same
+        assert simulate(schedule, torus, S, mode="flow").seconds == pytest.approx(simulate(schedule, torus, S).seconds)
+    # step 0: ranks 2->3 send two chunks over one link (2 units), 0->1 one (1 unit); step 1:
+    # 0->1 again. Lock-step waits for the slow pair (2 + 1 = 3 units); flows let 0 and 1 go on
+    # at once (max(1 + 1, 2) = 2 units).
+    line = topology.ring(4)
+    s = make_schedule("toy", 4, 4, [[Transfer(0, 1, 0, True), Transfer(2, 3, 0, True), Transfer(2, 3, 1, True)],
+                                    [Transfer(0, 1, 1, True)]])
+    unit = (S / 4) / B
+    lock = simulate(s, line, S, link_latency=0)
+    flow = simulate(s, line, S, link_latency=0, mode="flow")
+    assert lock.seconds == pytest.approx(3 * unit) and flow.seconds == pytest.approx(2 * unit)
+    assert flow.mode == "flow" and lock.max_link_flows == 2
+    # two flows on one link share it max-min fairly: both end at 2 units, not 1 and 2
+    pair = make_schedule("pair", 4, 4, [[Transfer(2, 3, 0, True), Transfer(2, 3, 1, True)]])
+    assert simulate(pair, line, S, link_latency=0, mode="flow").seconds == pytest.approx(2 * unit)
+    # latency: a 2-hop flow takes 2 latencies plus its bytes
+    hop = make_schedule("hop", 4, 4, [[Transfer(0, 2, 0, True)]])
+    assert simulate(hop, line, S, mode="flow").seconds == pytest.approx(2 * ALPHA + unit)
+
+
+def test_parse_builds_every_kind():
+    for spec, nodes in [("torus:8x8", 64), ("mesh:4x4", 16), ("ring:16", 16), ("fully_connected:4", 4),
+                        ("bus:4", 4), ("fat_tree:64x8", 64), ("bigraph:32x4", 32), ("torus:2x2x2", 8)]:
+        topo = topology.parse(spec)
+        assert topo.nodes == nodes and topo.kind == spec.split(":")[0]
+
+
 def test_closed_forms_without_contention():
     n = 16
     ring_topo = topology.ring(n)
@@ -125,12 +231,20 @@ def test_bad_input_is_a_clear_error():
         simulate(schedules.ring(16), topology.torus(2, 2), 1024)
     with pytest.raises(ScheduleError, match="nodes .* must be a multiple"):
         topology.fat_tree(10, nodes_per_leaf=4)
-    with pytest.raises(ScheduleError, match="switch-aware construction is not implemented"):
-        schedules.multitree(topology.fat_tree(16, nodes_per_leaf=4))
+    with pytest.raises(ScheduleError, match="mode must be one of lockstep, flow"):
+        simulate(schedules.ring(4), topology.ring(4), 1024, mode="packet")
+    with pytest.raises(ScheduleError, match="link_bandwidth must be a number > 0"):
+        simulate(schedules.ring(4), topology.ring(4), 1024, link_bandwidth=0)
+    with pytest.raises(ScheduleError, match="rows must be an integer >= 1"):
+        schedules.ring_2d(0, 4)
+    with pytest.raises(ScheduleError, match="unknown kind 'tor'.*allowed: ring:n"):
+        topology.parse("tor:4")
+    with pytest.raises(ScheduleError, match="should look like bigraph:NODES"):
+        topology.parse("bigraph:32x4x2")
 
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("rows, cols", [(2, 2), (2, 3)])
 def test_multitree_and_ring_2d_run_over_mpi(rows, cols):
     result = run_mpi(rows * cols, ["tests/mpi/topology_schedules.py", str(rows), str(cols)], timeout=240)
-    assert f"ok 4 schedules on a {rows}x{cols} grid" in result.output
+    assert f"ok 7 schedules on a {rows}x{cols} grid" in result.output

@@ -5,6 +5,11 @@
     workbench runs [--store FILE] [--algorithm A] [--status S] [--limit 20]
                                      the newest runs recorded in the results store
     workbench bench allreduce --ranks 4 --sizes 4K,64K,1M,8M,64M --algorithms all [--json FILE]
+    workbench simulate --topology torus:8x8 [--algorithms ring,multitree,...] [--sizes 32K,64M]
+                       [--bandwidth 16e9 --latency 150e-9 | --calibration FILE] [--mode flow] [--k 2]
+                                     all-reduce time on a simulated network, speed-up over ring
+    workbench calibrate [--json benchmarks/results/allreduce_4ranks.json] [--topology bus:4]
+                                     fit link latency/bandwidth to measured all-reduces
     workbench algorithms             the training and collective algorithm names
 
 Arguments are validated here, before mpiexec is launched; a bad value is an error that names
@@ -100,8 +105,110 @@ def build_parser() -> argparse.ArgumentParser:
                       help="only runs with this status")
     runs.add_argument("--limit", type=_positive_int, default=20, help="at most this many rows (default 20)")
 
+    sim = sub.add_parser("simulate", help="time all-reduce schedules on a simulated network")
+    sim.add_argument("--topology", required=True, type=_parse_topology, metavar="KIND:SHAPE",
+                     help="e.g. torus:8x8, mesh:4x4, ring:16, fully_connected:8, bus:4, fat_tree:64x8, bigraph:32x4")
+    sim.add_argument("--algorithms", type=_parse_sim_algorithms, default=None,
+                     help="comma-separated (default: the MultiTree paper's set): " + ", ".join(_sim_names()))
+    sim.add_argument("--sizes", type=_parse_sizes, default=None,
+                     help="comma-separated message sizes, K/M/G suffixes (default 32K,128K,512K,2M,8M,64M)")
+    sim.add_argument("--bandwidth", type=float, default=None, help="bytes/s per link (default 16e9, the paper's)")
+    sim.add_argument("--latency", type=float, default=None, help="seconds per hop (default 150e-9, the paper's)")
+    sim.add_argument("--calibration", metavar="FILE",
+                     help="take bandwidth and latency from a fit to this bench JSON (see `workbench calibrate`)")
+    sim.add_argument("--calibration-topology", type=_parse_topology, default=None, metavar="KIND:SHAPE",
+                     help="the network the calibration measurements ran on (default bus:<ranks>)")
+    sim.add_argument("--mode", choices=("lockstep", "flow"), default="lockstep",
+                     help="lockstep (the paper's model, default) or flow (ranks run ahead, max-min fair links)")
+    sim.add_argument("--k", type=_positive_int, default=2, help="MultiTree's k-ary growth (>= 2, default 2)")
+    sim.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+
+    cal = sub.add_parser("calibrate", help="fit the simulator's link latency and bandwidth to measured all-reduces")
+    cal.add_argument("--json", default="benchmarks/results/allreduce_4ranks.json", metavar="FILE",
+                     help="a `workbench bench allreduce --json` file (default benchmarks/results/allreduce_4ranks.json)")
+    cal.add_argument("--topology", type=_parse_topology, default=None, metavar="KIND:SHAPE",
+                     help="the network the ranks ran on, as a model (default bus:<ranks>: one host)")
+
     sub.add_parser("algorithms", help="list the training and collective algorithm names")
     return parser
+
+
+def _parse_topology(text: str):
+    from .collectives import ScheduleError, topology
+    try:
+        return topology.parse(text)
+    except ScheduleError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _sim_names() -> tuple[str, ...]:
+    from .collectives.study import SIM_ALGORITHMS
+    return SIM_ALGORITHMS
+
+
+def _parse_sim_algorithms(text: str) -> list[str]:
+    chosen = [a.strip() for a in text.split(",") if a.strip()]
+    bad = [a for a in chosen if a not in _sim_names()]
+    if bad or not chosen:
+        raise argparse.ArgumentTypeError(f"unknown {', '.join(map(repr, bad)) or 'empty list'}; "
+                                         f"choose from: {', '.join(_sim_names())}")
+    return chosen
+
+
+def _calibration(path: str, topo):
+    import json
+    from pathlib import Path
+
+    from .collectives import topology
+    from .collectives.calibrate import calibrate
+    if topo is None:
+        ranks = json.loads(Path(path).read_text()).get("ranks", 4) if Path(path).exists() else 4
+        topo = topology.bus(int(ranks))
+    return calibrate(path, topo)
+
+
+def _simulate(args) -> int:
+    from tabulate import tabulate
+
+    from .collectives import ScheduleError, study
+    from .collectives.simulator import PAPER_BANDWIDTH, PAPER_LATENCY
+    bandwidth, latency = args.bandwidth or PAPER_BANDWIDTH, args.latency if args.latency is not None else PAPER_LATENCY
+    try:
+        if args.calibration:
+            if args.bandwidth or args.latency is not None:
+                raise ScheduleError("--calibration replaces --bandwidth and --latency; give one or the other")
+            cal = _calibration(args.calibration, args.calibration_topology)
+            bandwidth, latency = cal.link_bandwidth, cal.link_latency
+            print(f"calibrated on {args.calibration}: {cal}")
+        frame = study.compare(args.topology, args.algorithms or study.PAPER_ALGORITHMS,
+                              args.sizes or study.PAPER_SIZES, bandwidth, latency, mode=args.mode, k=args.k)
+    except (ScheduleError, ValueError, OSError) as exc:
+        print(f"workbench simulate: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.topology!r}; links {bandwidth / 1e9:.3g} GB/s, {latency * 1e9:.4g} ns per hop; {args.mode} model\n")
+    rows = [[r.algorithm, study.size_label(r.bytes), r.steps, f"{r.seconds * 1e6:.2f}", f"{r.busbw_GBps:.2f}",
+             f"{r.speedup_vs_ring:.2f}x" if "speedup_vs_ring" in frame else "-"] for r in frame.itertuples()]
+    print(tabulate(rows, headers=["algorithm", "size", "steps", "time us", "busbw GB/s", "vs ring"]))
+    if args.json:
+        frame.to_json(args.json, orient="records", indent=1)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def _calibrate(args) -> int:
+    from tabulate import tabulate
+
+    from .collectives import ScheduleError
+    try:
+        cal = _calibration(args.json, args.topology)
+    except (ScheduleError, ValueError, OSError) as exc:
+        print(f"workbench calibrate: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{cal}\n")
+    rows = [[r.algorithm, r.bytes, f"{r.measured_s * 1e3:.3f}", f"{r.predicted_s * 1e3:.3f}", f"{r.error:+.0%}"]
+            for r in cal.table.itertuples()]
+    print(tabulate(rows, headers=["algorithm", "bytes", "measured ms", "predicted ms", "error"]))
+    return 0
 
 
 def _training_options(p: argparse.ArgumentParser) -> None:
@@ -305,6 +412,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _compare(args)
     if args.command == "runs":
         return _runs(args)
+    if args.command == "simulate":
+        return _simulate(args)
+    if args.command == "calibrate":
+        return _calibrate(args)
     if args.command == "bench" and args.what == "allreduce":
         from .bench.allreduce import format_size
         worker = ["-m", "workbench.bench.allreduce",

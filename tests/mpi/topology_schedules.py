@@ -17,7 +17,10 @@ comm = MPI.COMM_WORLD
 assert comm.Get_size() == rows * cols, "launch with ROWS*COLS ranks"
 rank = comm.Get_rank()
 cases = [schedules.multitree(topology.torus(rows, cols), k) for k in (2, 3)]
-cases += [schedules.multitree(topology.mesh(rows, cols), 2), schedules.ring_2d(rows, cols)]
+cases += [schedules.multitree(topology.mesh(rows, cols), 2), schedules.ring_2d(rows, cols),
+          schedules.ring_2d(rows, cols, bidirectional=True),
+          schedules.multitree(topology.fat_tree(rows * cols, nodes_per_leaf=cols), 2),
+          schedules.multitree(topology.bigraph(rows * cols, switches_per_layer=1), 2)]
 private = private_comm(comm)
 for schedule in cases:
     for length in (0, 1, 7, 1000, 4099):

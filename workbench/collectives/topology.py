@@ -5,6 +5,8 @@
     topology.ring(16), topology.fully_connected(8)
     topology.fat_tree(64, nodes_per_leaf=8, spines=8)   # two-level leaf-spine, up-down routing
     topology.bigraph(32, switches_per_layer=4)          # two switch layers, complete bipartite
+    topology.bus(4)           # ranks on one host: every transfer crosses one shared link
+    topology.parse("torus:8x8")                         # the same from a string (CLI, sweeps)
 
 A link is a directed pair ``(u, v)``; every physical cable is two links. Switches are vertices
 ``n, n+1, ...``. Bandwidth and latency are uniform and given to :func:`~workbench.collectives.
@@ -126,6 +128,8 @@ def _route(topo: Topology, src: int, dst: int) -> tuple[tuple[int, int], ...]:
             path.append((path[-1] + step) % n)
     elif topo.direct:
         path.append(dst)
+    elif topo.kind == "bus":  # up to the bus, across it, down
+        path += [topo.nodes, topo.nodes + 1, dst]
     else:  # switched: up to the source's switch, across, down (deterministic spread over paths)
         a, b = topo.attach[src], topo.attach[dst]
         path.append(a)
@@ -242,3 +246,42 @@ def bigraph(nodes: int, switches_per_layer: int = 4) -> Topology:
 def lower_bound_steps(nodes: int, directed_links: int) -> int:
     """ceil(N(N-1) / directed links): all-gather steps no one-hop schedule can beat."""
     return -(-nodes * (nodes - 1) // directed_links)
+
+
+def bus(n: int) -> Topology:
+    """``n`` ranks sharing one link: every transfer goes rank -> bus -> rank over the same
+    directed bus link, so all transfers of a step share its bandwidth. The model of ranks on
+    one host, whose copies share the memory bandwidth (it fits this machine's measured
+    all-reduces; see :mod:`workbench.collectives.calibrate`)."""
+    _check("bus", n=n)
+    up, down = n, n + 1
+    links = {(r, up) for r in range(n)} | {(up, down)} | {(down, r) for r in range(n)}
+    return Topology("bus", n, links, switches=2)
+
+
+#: ``parse`` spellings: kind -> (builder, what the numbers after the colon are)
+KINDS = {
+    "ring": (ring, "n"), "fully_connected": (fully_connected, "n"), "bus": (bus, "n"),
+    "torus": (torus, "ROWSxCOLS[xDEPTH]"), "mesh": (mesh, "ROWSxCOLS[xDEPTH]"),
+    "fat_tree": (fat_tree, "NODES[xNODES_PER_LEAF[xSPINES]]"),
+    "bigraph": (bigraph, "NODES[xSWITCHES_PER_LAYER]"),
+}
+
+
+def parse(spec: str) -> Topology:
+    """A topology from ``"kind:AxB..."``, e.g. ``torus:8x8``, ``mesh:4x4``, ``ring:16``,
+    ``fully_connected:4``, ``bus:4``, ``fat_tree:64x8`` (nodes x nodes per leaf),
+    ``bigraph:32x4`` (nodes x switches per layer)."""
+    allowed = ", ".join(f"{k}:{form}" for k, (_, form) in KINDS.items())
+    kind, _, numbers = str(spec).partition(":")
+    if kind not in KINDS:
+        raise ScheduleError(f"topology: unknown kind {kind!r} in {spec!r}; allowed: {allowed}")
+    try:
+        values = [int(x) for x in numbers.lower().split("x")] if numbers else []
+    except ValueError:
+        values = []
+    builder, form = KINDS[kind]
+    most = {"ring": 1, "fully_connected": 1, "bus": 1, "bigraph": 2}.get(kind, 3)
+    if not values or len(values) > most:
+        raise ScheduleError(f"topology: {spec!r} should look like {kind}:{form}")
+    return builder(*values)

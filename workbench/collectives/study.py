@@ -1,0 +1,120 @@
+"""Compare all-reduce schedules on a simulated network: the MultiTree paper's study as a function.
+
+    from workbench.collectives import study, topology
+    frame = study.compare(topology.torus(8, 8), sizes=[32 << 10, 64 << 20])
+    study.speedups(frame)                         # speed-up over ring per algorithm and size
+
+``schedule_on(name, topo)`` builds a schedule laid out for the network: ``ring`` follows the
+topology's ring embedding (the snake on a grid), ``ring_2d`` / ``ring_2d_bidir`` use the grid's
+shape (or the most square factorisation of the rank count), ``multitree`` grows its trees on
+the topology; the other names are :data:`~workbench.collectives.schedules.ALGORITHMS`.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Iterable, Sequence
+
+import pandas as pd
+
+from . import schedules, topology
+from .multitree import multitree, ring_2d
+from .schedule import Schedule, ScheduleError
+from .simulator import MODES, PAPER_BANDWIDTH, PAPER_LATENCY, simulate
+from .topology import Topology
+
+#: The paper's baselines and MultiTree, in the order tables show them.
+PAPER_ALGORITHMS = ("ring", "double_binary_tree", "ring_2d", "ring_2d_bidir", "halving_doubling", "multitree")
+#: Every name :func:`schedule_on` accepts.
+SIM_ALGORITHMS = tuple(dict.fromkeys(PAPER_ALGORITHMS + tuple(schedules.ALGORITHMS)))
+#: The paper's message sizes: 32 KiB to 64 MiB.
+PAPER_SIZES = tuple(32 << (10 + 2 * i) for i in range(6))   # 32K, 128K, 512K, 2M, 8M, 32M
+PAPER_SIZES = PAPER_SIZES[:-1] + (64 << 20,)
+#: The networks of the paper's evaluation (fat tree: 8 leaves of 8, full bisection).
+PAPER_NETWORKS = {
+    "torus 4x4": lambda: topology.torus(4, 4), "torus 8x8": lambda: topology.torus(8, 8),
+    "mesh 4x4": lambda: topology.mesh(4, 4), "mesh 8x8": lambda: topology.mesh(8, 8),
+    "fat-tree 64": lambda: topology.fat_tree(64, nodes_per_leaf=8),
+    "BiGraph 32": lambda: topology.bigraph(32, switches_per_layer=4),
+}
+#: What the paper reports, for tables that put our numbers beside it.
+PAPER_CLAIMS = {
+    "torus 8x8": "MultiTree 2.2x over ring (2.3x with message-based flow control), 1.51x (1.56x) over 2D ring; "
+                 "double binary tree worst",
+    "mesh 8x8": "double binary tree worst",
+    "fat-tree 64": "methods converge at large messages; MultiTree best at small ones",
+    "BiGraph 32": "methods converge at large messages; MultiTree best at small ones",
+}
+
+
+def grid_shape(topo: Topology) -> tuple[int, int]:
+    """``(rows, cols)`` for a 2D ring: the grid's own shape, else the most square factorisation."""
+    if len(topo.dims) == 2:
+        return topo.dims
+    n = topo.nodes
+    rows = max(d for d in range(1, math.isqrt(n) + 1) if n % d == 0)
+    return rows, n // rows
+
+
+def schedule_on(name: str, topo: Topology, k: int = 2) -> Schedule:
+    """The schedule ``name`` laid out for ``topo`` (see the module's text)."""
+    if name not in SIM_ALGORITHMS:
+        raise ScheduleError(f"unknown algorithm {name!r}; allowed: {', '.join(SIM_ALGORITHMS)}")
+    n = topo.nodes
+    if name == "ring":
+        return schedules.ring(n, topo.ring_order())
+    if name in ("ring_2d", "ring_2d_bidir"):
+        return ring_2d(*grid_shape(topo), bidirectional=name == "ring_2d_bidir")
+    if name == "multitree":
+        return multitree(topo, k)
+    return schedules.ALGORITHMS[name](n)
+
+
+def compare(topo: Topology, algorithms: Sequence[str] = PAPER_ALGORITHMS, sizes: Iterable[int] = PAPER_SIZES,
+            link_bandwidth: float = PAPER_BANDWIDTH, link_latency: float = PAPER_LATENCY,
+            mode: str = "lockstep", k: int = 2, step_overhead: float = 0.0) -> pd.DataFrame:
+    """One row per (algorithm, size): ``seconds``, ``steps``, ``speedup_vs_ring`` (when ring is
+    among the algorithms), ``build_s`` (seconds to build the schedule) and ``busbw_GBps``."""
+    if mode not in MODES:
+        raise ScheduleError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    sizes = [int(s) for s in sizes]
+    if not sizes or any(s <= 0 for s in sizes):
+        raise ScheduleError(f"sizes must be positive byte counts, got {sizes}")
+    bad = [a for a in algorithms if a not in SIM_ALGORITHMS]
+    if bad or not algorithms:
+        raise ScheduleError(f"unknown algorithm(s) {bad}; allowed: {', '.join(SIM_ALGORITHMS)}")
+    rows = []
+    n = topo.nodes
+    for name in algorithms:
+        start = time.perf_counter()
+        schedule = schedule_on(name, topo, k)
+        build = time.perf_counter() - start
+        for size in sizes:
+            result = simulate(schedule, topo, size, link_bandwidth, link_latency, step_overhead, mode=mode)
+            rows.append({"algorithm": name, "bytes": size, "seconds": result.seconds,
+                         "steps": schedule.num_steps, "max_link_flows": result.max_link_flows,
+                         "busbw_GBps": size / result.seconds * 2 * (n - 1) / n / 1e9 if result.seconds else 0.0,
+                         "build_s": build})
+    frame = pd.DataFrame(rows)
+    if "ring" in algorithms:
+        ring = frame[frame["algorithm"] == "ring"].set_index("bytes")["seconds"]
+        frame["speedup_vs_ring"] = frame["bytes"].map(ring) / frame["seconds"]
+    return frame
+
+
+def speedups(frame: pd.DataFrame) -> pd.DataFrame:
+    """Speed-up over ring as a table: algorithms down, sizes across."""
+    if "speedup_vs_ring" not in frame:
+        raise ScheduleError("speedups: the comparison has no ring rows to compare with")
+    table = frame.pivot(index="algorithm", columns="bytes", values="speedup_vs_ring")
+    table = table.reindex([a for a in dict.fromkeys(frame["algorithm"])])
+    table.columns = [size_label(c) for c in table.columns]
+    return table
+
+
+def size_label(nbytes: int) -> str:
+    """32768 -> '32K', 67108864 -> '64M'."""
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift}{unit}"
+    return str(nbytes)
