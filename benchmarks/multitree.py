@@ -16,6 +16,7 @@ from tabulate import tabulate
 from workbench.collectives import schedules, simulate, study, topology
 from workbench.collectives.calibrate import calibrate
 from workbench.collectives.multitree import multitree_trees
+from workbench.collectives.schedule import Schedule
 
 PUBLISHED = {(4, 2): 7, (4, 3): 6, (4, 5): 5, (8, 2): 18, (8, 3): 17, (8, 5): 17}
 
@@ -57,6 +58,32 @@ def main() -> None:
             print(f"MultiTree over 2D ring at 64M: one-way {big['ring_2d'] / big['multitree']:.2f}x, "
                   f"bidirectional {big['ring_2d_bidir'] / big['multitree']:.2f}x")
         print()
+
+    print("## Interface bandwidth per node (torus 8x8, 64 MiB; multiples of one 16 GB/s link)\n")
+    torus8 = study.PAPER_NETWORKS["torus 8x8"]()
+    built = {name: study.schedule_on(name, torus8) for name in ("ring", "ring_2d", "ring_2d_bidir", "multitree")}
+    rows = []
+    for links in (None, 4, 3, 2.5, 2.25, 2, 1.5, 1):
+        nic = None if links is None else links * 16e9
+        t = {name: simulate(s, torus8, 64 << 20, node_bandwidth=nic).seconds for name, s in built.items()}
+        rows.append(["unlimited" if links is None else links, f"{t['ring'] / t['multitree']:.2f}",
+                     f"{t['ring_2d'] / t['multitree']:.2f}", f"{t['ring_2d_bidir'] / t['multitree']:.2f}"])
+    print(tabulate(rows, headers=["interface (links)", "multitree/ring", "multitree/2D ring",
+                                  "multitree/2D ring (both ways)"]))
+    out["node_bandwidth"] = rows
+
+    print("\n## Routes on switched networks: chosen by the construction vs static up-down (64 MiB)\n")
+    rows = []
+    for name in ("fat-tree 64", "BiGraph 32"):
+        topo = study.PAPER_NETWORKS[name]()
+        chosen = schedules.multitree(topo, 2)
+        static = Schedule(chosen.name, chosen.nranks, chosen.nchunks, chosen.steps)
+        for label, schedule in (("chosen", chosen), ("static", static)):
+            result = simulate(schedule, topo, 64 << 20)
+            rows.append([name, label, result.max_link_flows, f"{result.seconds * 1e3:.3f}"])
+    print(tabulate(rows, headers=["network", "routes", "most flows on a link", "lock-step ms"]))
+    out["routes"] = rows
+    print()
 
     if not args.quick:
         print("## Flow model (ranks run ahead, links shared max-min fairly) vs lock-step, seconds\n")

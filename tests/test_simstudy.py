@@ -106,6 +106,13 @@ def test_cli_simulate_and_calibrate(capsys, tmp_path):
     assert "calibrated on" in capsys.readouterr().out
     assert cli.main(["calibrate", "--json", MEASURED]) == 0
     assert "Calibration(bus, 4 ranks" in capsys.readouterr().out
+    limited = tmp_path / "limited.json"
+    assert cli.main(["simulate", "--topology", "torus:4x4", "--algorithms", "ring,multitree", "--sizes", "64M",
+                     "--node-bandwidth", "16e9", "--json", str(limited)]) == 0
+    assert "16 GB/s per node" in capsys.readouterr().out
+    speedup = {r["algorithm"]: r["speedup_vs_ring"] for r in json.loads(limited.read_text())}
+    unlimited = {r["algorithm"]: r["speedup_vs_ring"] for r in rows if r["bytes"] == 64 << 20}
+    assert 1.0 <= speedup["multitree"] < unlimited["multitree"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -122,5 +129,7 @@ def test_cli_bad_input(capsys, argv, message):
 def test_cli_errors_after_parsing(capsys, tmp_path):
     assert cli.main(["simulate", "--topology", "torus:4x4", "--k", "1"]) == 2
     assert "k must be an integer >= 2" in capsys.readouterr().err
+    assert cli.main(["simulate", "--topology", "torus:4x4", "--node-bandwidth", "0"]) == 2
+    assert "node_bandwidth must be a number > 0" in capsys.readouterr().err
     assert cli.main(["calibrate", "--json", str(tmp_path / "none.json")]) == 2
     assert "no measurements at" in capsys.readouterr().err

@@ -3,6 +3,7 @@ closed forms, speed, bad input, and MultiTree executed over real MPI."""
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 
@@ -186,6 +187,33 @@ def test_flow_mode():
     # latency: a 2-hop flow takes 2 latencies plus its bytes
     hop = make_schedule("hop", 4, 4, [[Transfer(0, 2, 0, True)]])
     assert simulate(hop, line, S, mode="flow").seconds == pytest.approx(2 * ALPHA + unit)
+
+
+def test_node_bandwidth_limits_what_a_rank_sends_at_once():
+    torus = topology.torus(4, 4)
+    ring = schedules.ring(16, order=torus.ring_order())
+    mt = schedules.multitree(torus, 2)
+    # a ring rank sends one chunk per step: an interface as fast as one link costs nothing
+    assert simulate(ring, torus, S, node_bandwidth=B).seconds == pytest.approx(simulate(ring, torus, S).seconds)
+    # a MultiTree rank sends on up to four links at once: with one link's worth of interface,
+    # each step takes as long as its busiest sender or receiver
+    chunk = S / 16
+    expected = 0.0
+    for step in mt.steps:
+        busiest = max(max(Counter(t.src for t in step).values()), max(Counter(t.dst for t in step).values()))
+        expected += busiest * chunk / B + ALPHA
+    limited = simulate(mt, torus, S, node_bandwidth=B)
+    assert limited.seconds == pytest.approx(expected) and limited.seconds > simulate(mt, torus, S).seconds
+    assert simulate(mt, torus, S, node_bandwidth=B, mode="flow").seconds <= limited.seconds * (1 + 1e-9)
+    # flow model: two transfers from one rank over two different links share its interface
+    line = topology.ring(4)
+    fan = make_schedule("fan", 4, 4, [[Transfer(1, 0, 0, True), Transfer(1, 2, 1, True)]])
+    unit = (S / 4) / B
+    assert simulate(fan, line, S, link_latency=0, mode="flow").seconds == pytest.approx(unit)
+    assert simulate(fan, line, S, link_latency=0, mode="flow", node_bandwidth=B).seconds == pytest.approx(2 * unit)
+    assert simulate(fan, line, S, link_latency=0, node_bandwidth=2 * B).seconds == pytest.approx(unit)
+    with pytest.raises(ScheduleError, match="node_bandwidth must be a number > 0"):
+        simulate(fan, line, S, node_bandwidth=0)
 
 
 def test_parse_builds_every_kind():

@@ -6,7 +6,8 @@
                                      the newest runs recorded in the results store
     workbench bench allreduce --ranks 4 --sizes 4K,64K,1M,8M,64M --algorithms all [--json FILE]
     workbench simulate --topology torus:8x8 [--algorithms ring,multitree,...] [--sizes 32K,64M]
-                       [--bandwidth 16e9 --latency 150e-9 | --calibration FILE] [--mode flow] [--k 2]
+                       [--bandwidth 16e9 --latency 150e-9 | --calibration FILE] [--node-bandwidth B]
+                       [--mode flow] [--k 2]
                                      all-reduce time on a simulated network, speed-up over ring
     workbench calibrate [--json benchmarks/results/allreduce_4ranks.json] [--topology bus:4]
                                      fit link latency/bandwidth to measured all-reduces
@@ -114,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="comma-separated message sizes, K/M/G suffixes (default 32K,128K,512K,2M,8M,64M)")
     sim.add_argument("--bandwidth", type=float, default=None, help="bytes/s per link (default 16e9, the paper's)")
     sim.add_argument("--latency", type=float, default=None, help="seconds per hop (default 150e-9, the paper's)")
+    sim.add_argument("--node-bandwidth", type=float, default=None,
+                     help="bytes/s one rank's interface sends (and receives) over all its links together "
+                          "(default: unlimited, every link at full speed)")
     sim.add_argument("--calibration", metavar="FILE",
                      help="take bandwidth and latency from a fit to this bench JSON (see `workbench calibrate`)")
     sim.add_argument("--calibration-topology", type=_parse_topology, default=None, metavar="KIND:SHAPE",
@@ -181,11 +185,14 @@ def _simulate(args) -> int:
             bandwidth, latency = cal.link_bandwidth, cal.link_latency
             print(f"calibrated on {args.calibration}: {cal}")
         frame = study.compare(args.topology, args.algorithms or study.PAPER_ALGORITHMS,
-                              args.sizes or study.PAPER_SIZES, bandwidth, latency, mode=args.mode, k=args.k)
+                              args.sizes or study.PAPER_SIZES, bandwidth, latency, mode=args.mode, k=args.k,
+                              node_bandwidth=args.node_bandwidth)
     except (ScheduleError, ValueError, OSError) as exc:
         print(f"workbench simulate: error: {exc}", file=sys.stderr)
         return 2
-    print(f"{args.topology!r}; links {bandwidth / 1e9:.3g} GB/s, {latency * 1e9:.4g} ns per hop; {args.mode} model\n")
+    node = f", {args.node_bandwidth / 1e9:.3g} GB/s per node" if args.node_bandwidth else ""
+    print(f"{args.topology!r}; links {bandwidth / 1e9:.3g} GB/s, {latency * 1e9:.4g} ns per hop{node}; "
+          f"{args.mode} model\n")
     rows = [[r.algorithm, study.size_label(r.bytes), r.steps, f"{r.seconds * 1e6:.2f}", f"{r.busbw_GBps:.2f}",
              f"{r.speedup_vs_ring:.2f}x" if "speedup_vs_ring" in frame else "-"] for r in frame.itertuples()]
     print(tabulate(rows, headers=["algorithm", "size", "steps", "time us", "busbw GB/s", "vs ring"]))

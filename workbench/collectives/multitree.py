@@ -71,7 +71,7 @@ def _grow(topo: Topology, k: int, paths):
     n = topo.nodes
     direct = topo.direct
     if direct:
-        reach = [[c for c in topo.neighbors(p) if c < n] for p in range(n)]
+        reach = [[(c, (p, c)) for c in topo.neighbors(p) if c < n] for p in range(n)]
     else:
         reach = [sorted((c for c in range(n) if c != p), key=lambda c, p=p: (len(topo.route(p, c)), c))
                  for p in range(n)]
@@ -92,25 +92,30 @@ def _grow(topo: Topology, k: int, paths):
         joined: list[list[int]] = [[] for _ in range(n)]
         position = [0] * n
         children: dict[tuple[int, int], int] = {}
-        added = True
-        while added:  # rounds over the roots, one attachment per root and turn
-            added = False
-            for r in range(n):
+        live = [r for r in range(n) if len(members[r]) < n]
+        while live:  # rounds over the roots, one attachment per root and turn
+            attached = []   # a root that attaches nothing in a round has run out of parents
+            for r in live:
                 if len(members[r]) == n:
                     continue
                 cand, tree = candidates[r], members[r]
                 while position[r] < len(cand):
                     p = cand[position[r]]
-                    free = [c for c in reach[p] if c not in tree]
-                    if not free:
-                        saturated[r].add(p)
-                        position[r] += 1
-                        continue
-                    if direct:  # the hot loop for big tori: one link per candidate
-                        c = next((c for c in free if (p, c) in avail), None)
-                        links = ((p, c),)
+                    c, links, outside = None, (), False
+                    if direct:  # the hot loop for big tori: one link per candidate, no lists
+                        for c_, link in reach[p]:
+                            if c_ not in tree:
+                                outside = True
+                                if link in avail:
+                                    c, links = c_, (link,)
+                                    break
                     else:
-                        c, links = _switched_child(topo, p, free, avail, paths)
+                        free = [c_ for c_ in reach[p] if c_ not in tree]
+                        outside = bool(free)
+                        if free:
+                            c, links = _switched_child(topo, p, free, avail, paths)
+                    if not outside:   # every candidate of p is in tree r already: for good
+                        saturated[r].add(p)
                     if c is None:
                         position[r] += 1
                         continue
@@ -121,8 +126,9 @@ def _grow(topo: Topology, k: int, paths):
                         position[r] += 1
                     avail.difference_update(links)
                     edges.append((r, c, p, t, links))
-                    added = True
+                    attached.append(r)
                     break
+            live = attached
         if not children:
             raise ScheduleError(f"multitree: no progress at step {t} on {topo!r}")
         # next step's parents: this step's, less the saturated, then the nodes that just joined

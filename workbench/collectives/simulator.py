@@ -54,12 +54,17 @@ MODES = ("lockstep", "flow")
 
 def simulate(schedule: Schedule, topo: Topology, nbytes: float, link_bandwidth: float = PAPER_BANDWIDTH,
              link_latency: float = PAPER_LATENCY, step_overhead: float = 0.0,
-             mode: str = "lockstep") -> SimResult:
+             mode: str = "lockstep", node_bandwidth: float | None = None) -> SimResult:
     """Seconds for ``schedule`` to all-reduce ``nbytes`` bytes on ``topo``.
 
     ``link_bandwidth`` in bytes/s, ``link_latency`` (per hop) and ``step_overhead`` (per step)
     in seconds; ``mode`` is ``"lockstep"`` or ``"flow"`` (see the module's text). Rank ``i`` of
     the schedule is node ``i`` of the topology.
+
+    ``node_bandwidth`` (bytes/s, default unlimited) caps what one rank's network interface
+    injects in total over all its links, and separately what it receives: the transfers a rank
+    sends at the same time share it, as the flows on a link share the link. A torus node with
+    four links of 16 GB/s whose interface moves 32 GB/s is ``node_bandwidth=32e9``.
     """
     if mode not in MODES:
         raise ScheduleError(f"simulate: mode must be one of {', '.join(MODES)}, got {mode!r}")
@@ -67,7 +72,8 @@ def simulate(schedule: Schedule, topo: Topology, nbytes: float, link_bandwidth: 
         raise ScheduleError(f"schedule has {schedule.nranks} ranks but the {topo.kind} has only "
                             f"{topo.nodes} nodes")
     for name, value, low in (("link_bandwidth", link_bandwidth, "> 0"), ("link_latency", link_latency, ">= 0"),
-                             ("step_overhead", step_overhead, ">= 0"), ("nbytes", nbytes, ">= 0")):
+                             ("step_overhead", step_overhead, ">= 0"), ("nbytes", nbytes, ">= 0"),
+                             ("node_bandwidth", 1.0 if node_bandwidth is None else node_bandwidth, "> 0")):
         if not isinstance(value, (int, float)) or value < 0 or (low == "> 0" and value == 0):
             raise ScheduleError(f"simulate: {name} must be a number {low}, got {value!r}")
     chunk = nbytes / schedule.nchunks
@@ -78,16 +84,29 @@ def simulate(schedule: Schedule, topo: Topology, nbytes: float, link_bandwidth: 
         worst = max(worst, max(flows.values(), default=0))
         for link, count in flows.items():
             total_link_bytes[link] += count * chunk
+    # a rank's interface as two more links its transfers cross, ("send", r) and ("recv", r);
+    # they add bandwidth limits, not hops
+    hops = [[len(route) for route in step_routes] for step_routes in routes]
+    if node_bandwidth is not None:
+        routes = [[route + ((_SEND, t.src), (_RECV, t.dst)) for t, route in zip(step, step_routes)]
+                  for step, step_routes in zip(schedule.steps, routes)]
+
+    def capacity(link) -> float:
+        return node_bandwidth if link[0] in (_SEND, _RECV) else link_bandwidth
+
     if mode == "flow":
-        seconds, steps = _flow_model(schedule, routes, chunk, link_bandwidth, link_latency, step_overhead)
+        seconds, steps = _flow_model(schedule, routes, hops, chunk, capacity, link_latency, step_overhead)
         return SimResult(seconds, steps, dict(total_link_bytes), worst, link_bandwidth, mode)
     steps = []
-    for step_routes in routes:
+    for step_routes, step_hops in zip(routes, hops):
         flows = Counter(link for route in step_routes for link in route)
-        slowest = max((max(flows[l] for l in r) * chunk / link_bandwidth + len(r) * link_latency
-                       for r in step_routes if r), default=0.0)
+        slowest = max((max(flows[link] / capacity(link) for link in route) * chunk + h * link_latency
+                       for route, h in zip(step_routes, step_hops) if route), default=0.0)
         steps.append(slowest + step_overhead)
     return SimResult(sum(steps), steps, dict(total_link_bytes), worst, link_bandwidth, mode)
+
+
+_SEND, _RECV = "send", "recv"   # a rank's interface, as link names no topology uses
 
 
 def link_use(schedule: Schedule, topo: Topology) -> list[Counter]:
@@ -112,13 +131,15 @@ def schedule_routes(schedule: Schedule, topo: Topology) -> list[list[tuple[tuple
             for s, step in enumerate(schedule.steps)]
 
 
-def _flow_model(schedule: Schedule, routes, chunk: float, bandwidth: float, latency: float,
+def _flow_model(schedule: Schedule, routes, hops, chunk: float, capacity, latency: float,
                 overhead: float) -> tuple[float, list[float]]:
-    """Event-driven flow model; returns the finish time and, per step, when its last flow ended."""
+    """Event-driven flow model; returns the finish time and, per step, when its last flow ended.
+    ``capacity(link)``: bytes/s; ``hops[s][i]``: the physical links transfer i of step s crosses."""
     # each rank's steps in order; a flow (step s) may start when both its ends have finished
     # every flow of their earlier steps
     flows = [(s, t.src, t.dst, route) for s, step in enumerate(schedule.steps)
              for t, route in zip(step, routes[s])]
+    flow_hops = [h for step_hops in hops for h in step_hops]
     todo = defaultdict(int)                  # (rank, step) -> unfinished flows of that rank in it
     steps_of = defaultdict(list)             # rank -> its steps, ascending
     for s, src, dst, _ in flows:
@@ -154,12 +175,12 @@ def _flow_model(schedule: Schedule, routes, chunk: float, bandwidth: float, late
                 started.add(i)
                 waiting[s].remove(i)
                 begin = max(free_at[src], free_at[dst]) + overhead
-                pending_start.append((max(begin, now) + len(route) * latency, i))
+                pending_start.append((max(begin, now) + flow_hops[i] * latency, i))
 
     for r in steps_of:
         release(r)
     while pending_start or remaining:
-        rates = _max_min_rates({i: flows[i][3] for i in remaining}, bandwidth)
+        rates = _max_min_rates({i: flows[i][3] for i in remaining}, capacity)
         next_finish = min((remaining[i] / rates[i] for i in remaining if rates[i] > 0), default=float("inf"))
         next_start = min((t for t, _ in pending_start), default=float("inf"))
         dt = min(next_finish, next_start - now)
@@ -186,11 +207,11 @@ def _flow_model(schedule: Schedule, routes, chunk: float, bandwidth: float, late
     return now, [b - a for a, b in zip([0.0] + step_end[:-1], step_end)]
 
 
-def _max_min_rates(active: dict[int, tuple], capacity: float) -> dict[int, float]:
-    """Max-min fair rates (progressive filling) of flows over links of equal ``capacity``."""
+def _max_min_rates(active: dict[int, tuple], capacity) -> dict[int, float]:
+    """Max-min fair rates (progressive filling) of flows over links; ``capacity(link)`` in bytes/s."""
     rates: dict[int, float] = {}
     left = dict(active)
-    cap: dict = defaultdict(lambda: capacity)
+    cap: dict = {}
     while left:
         users = defaultdict(list)
         for i, route in left.items():
@@ -199,6 +220,8 @@ def _max_min_rates(active: dict[int, tuple], capacity: float) -> dict[int, float
         if not users:   # flows without links (a rank to itself) finish at once
             rates.update({i: float("inf") for i in left})
             break
+        for link in users:
+            cap.setdefault(link, capacity(link))
         link = min(users, key=lambda l: cap[l] / len(users[l]))
         share = cap[link] / len(users[link])
         for i in users[link]:

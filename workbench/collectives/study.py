@@ -72,9 +72,11 @@ def schedule_on(name: str, topo: Topology, k: int = 2) -> Schedule:
 
 def compare(topo: Topology, algorithms: Sequence[str] = PAPER_ALGORITHMS, sizes: Iterable[int] = PAPER_SIZES,
             link_bandwidth: float = PAPER_BANDWIDTH, link_latency: float = PAPER_LATENCY,
-            mode: str = "lockstep", k: int = 2, step_overhead: float = 0.0) -> pd.DataFrame:
+            mode: str = "lockstep", k: int = 2, step_overhead: float = 0.0,
+            node_bandwidth: float | None = None) -> pd.DataFrame:
     """One row per (algorithm, size): ``seconds``, ``steps``, ``speedup_vs_ring`` (when ring is
-    among the algorithms), ``build_s`` (seconds to build the schedule) and ``busbw_GBps``."""
+    among the algorithms), ``build_s`` (seconds to build the schedule) and ``busbw_GBps``.
+    The link and node parameters are :func:`~workbench.collectives.simulator.simulate`'s."""
     if mode not in MODES:
         raise ScheduleError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
     sizes = [int(s) for s in sizes]
@@ -90,7 +92,8 @@ def compare(topo: Topology, algorithms: Sequence[str] = PAPER_ALGORITHMS, sizes:
         schedule = schedule_on(name, topo, k)
         build = time.perf_counter() - start
         for size in sizes:
-            result = simulate(schedule, topo, size, link_bandwidth, link_latency, step_overhead, mode=mode)
+            result = simulate(schedule, topo, size, link_bandwidth, link_latency, step_overhead, mode=mode,
+                              node_bandwidth=node_bandwidth)
             rows.append({"algorithm": name, "bytes": size, "seconds": result.seconds,
                          "steps": schedule.num_steps, "max_link_flows": result.max_link_flows,
                          "busbw_GBps": size / result.seconds * 2 * (n - 1) / n / 1e9 if result.seconds else 0.0,
