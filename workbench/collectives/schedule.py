@@ -74,7 +74,9 @@ class Schedule:
         if self.nchunks < 1:
             raise ScheduleError(f"nchunks must be >= 1, got {self.nchunks}")
         # Accept any iterables from callers but store immutable tuples.
-        object.__setattr__(self, "steps", tuple(tuple(Transfer(*t) for t in s) for s in self.steps))
+        # (Transfers are kept as they are: big MultiTree schedules hold millions of them)
+        object.__setattr__(self, "steps", tuple(tuple(t if type(t) is Transfer else Transfer(*t) for t in s)
+                                                for s in self.steps))
 
     @property
     def num_steps(self) -> int:
