@@ -18,8 +18,6 @@ from workbench.collectives.calibrate import calibrate
 from workbench.collectives.multitree import multitree_trees
 from workbench.collectives.schedule import Schedule
 
-PUBLISHED = {(4, 2): 7, (4, 3): 6, (4, 5): 5, (8, 2): 18, (8, 3): 17, (8, 5): 17}
-
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
@@ -34,7 +32,7 @@ def main() -> None:
         for k in (2, 3, 5):
             _, steps = multitree_trees(topology.torus(side, side), k)
             bound = topology.lower_bound_steps(side * side, 4 * side * side)
-            rows.append([f"torus {side}x{side}", k, steps, PUBLISHED[(side, k)], bound])
+            rows.append([f"torus {side}x{side}", k, steps, study.PAPER_TREE_STEPS[(side, k)], bound])
     for name in ("mesh 4x4", "mesh 8x8", "fat-tree 64", "BiGraph 32"):
         topo = study.PAPER_NETWORKS[name]()
         _, steps = multitree_trees(topo, 2)
@@ -60,16 +58,9 @@ def main() -> None:
         print()
 
     print("## Interface bandwidth per node (torus 8x8, 64 MiB; multiples of one 16 GB/s link)\n")
-    torus8 = study.PAPER_NETWORKS["torus 8x8"]()
-    built = {name: study.schedule_on(name, torus8) for name in ("ring", "ring_2d", "ring_2d_bidir", "multitree")}
-    rows = []
-    for links in (None, 4, 3, 2.5, 2.25, 2, 1.5, 1):
-        nic = None if links is None else links * 16e9
-        t = {name: simulate(s, torus8, 64 << 20, node_bandwidth=nic).seconds for name, s in built.items()}
-        rows.append(["unlimited" if links is None else links, f"{t['ring'] / t['multitree']:.2f}",
-                     f"{t['ring_2d'] / t['multitree']:.2f}", f"{t['ring_2d_bidir'] / t['multitree']:.2f}"])
-    print(tabulate(rows, headers=["interface (links)", "multitree/ring", "multitree/2D ring",
-                                  "multitree/2D ring (both ways)"]))
+    table = study.interface_sweep(study.PAPER_NETWORKS["torus 8x8"]())
+    print(tabulate(table, headers="keys", showindex=False, floatfmt=".2f"))
+    rows = table.values.tolist()
     out["node_bandwidth"] = rows
 
     print("\n## Routes on switched networks: chosen by the construction vs static up-down (64 MiB)\n")

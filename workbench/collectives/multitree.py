@@ -47,15 +47,26 @@ def multitree_edges(topo: Topology, k: int = 2):
     """
     if not isinstance(k, int) or isinstance(k, bool) or k < 2:
         raise ScheduleError(f"multitree: k must be an integer >= 2, got {k!r}")
-    if topo.direct or not topo.attach:
-        return _grow(topo, k, None)
+    n = topo.nodes
+    if topo.direct:
+        return _grow(topo, k, [[(c, (p, c)) for c in topo.neighbors(p) if c < n] for p in range(n)], None)
+    # every other rank, nearest first (own switch first): the order a parent tries children in
+    nearest = [sorted((c for c in range(n) if c != p), key=lambda c, p=p: (len(topo.route(p, c)), c))
+               for p in range(n)]
+    if not topo.attach:   # a bus: one fixed route per pair
+        return _grow(topo, k, nearest, None)
     switches = sorted(set(topo.attach.values()))
     fabric = topo.graph.subgraph(range(topo.nodes, topo.nodes + topo.switches))
-    diameter = max(nx.shortest_path_length(fabric, a, b) for a in switches for b in switches)
+    distance = {a: nx.single_source_shortest_path_length(fabric, a) for a in switches}
+    all_paths = {(a, b): [tuple(zip(path, path[1:])) for path in sorted(nx.all_shortest_paths(fabric, a, b))]
+                 for a in switches for b in switches if a != b}
     best = None
-    for radius in range(1, diameter + 1):
+    for radius in range(1, max(d[b] for d in distance.values() for b in switches) + 1):
+        paths = {pair: options for pair, options in all_paths.items() if distance[pair[0]][pair[1]] <= radius}
+        reach = [[c for c in cs if topo.attach[c] == topo.attach[p] or (topo.attach[p], topo.attach[c]) in paths]
+                 for p, cs in enumerate(nearest)]
         try:
-            built = _grow(topo, k, _switch_paths(topo, fabric, switches, radius))
+            built = _grow(topo, k, reach, paths)
         except ScheduleError:
             continue   # the ranks' switches are not connected within this radius
         if best is None or built[1] < best[1]:
@@ -65,19 +76,12 @@ def multitree_edges(topo: Topology, k: int = 2):
     return best
 
 
-def _grow(topo: Topology, k: int, paths):
-    """Grow the trees (PAPERS.md §2); ``paths``: the switch paths a switched network may use,
-    ``None`` on a direct network (or a bus, whose routes are fixed)."""
+def _grow(topo: Topology, k: int, reach: list[list], paths):
+    """Grow the trees (PAPERS.md §2). ``reach[p]``: the children parent ``p`` tries, in order
+    (on a direct network ``(child, link)`` pairs); ``paths``: the switch paths a switched
+    network may use, ``None`` on a direct network or a bus (whose routes are fixed)."""
     n = topo.nodes
     direct = topo.direct
-    if direct:
-        reach = [[(c, (p, c)) for c in topo.neighbors(p) if c < n] for p in range(n)]
-    else:
-        reach = [sorted((c for c in range(n) if c != p), key=lambda c, p=p: (len(topo.route(p, c)), c))
-                 for p in range(n)]
-        if paths is not None:   # only ranks on the same switch or one whose switch is in reach
-            reach = [[c for c in cs if topo.attach[c] == topo.attach[p] or (topo.attach[p], topo.attach[c]) in paths]
-                     for p, cs in enumerate(reach)]
     members = [{r} for r in range(n)]
     active = [[r] for r in range(n)]           # per tree, its possible parents in join order
     edges: list[tuple[int, int, int, int, tuple]] = []
@@ -137,23 +141,12 @@ def _grow(topo: Topology, k: int, paths):
     return edges, t
 
 
-def _switch_paths(topo: Topology, fabric, switches, radius: int):
-    """Every shortest path, as link tuples, between two ranked switches at most ``radius``
-    switch-to-switch links apart."""
-    out = {}
-    for a in switches:
-        for b in switches:
-            if a != b and nx.shortest_path_length(fabric, a, b) <= radius:
-                out[(a, b)] = [tuple(zip(path, path[1:])) for path in sorted(nx.all_shortest_paths(fabric, a, b))]
-    return out
-
-
 def _switched_child(topo: Topology, parent: int, free: list[int], avail: set, paths):
     """The first rank in ``free`` that ``parent`` can reach over links all still in ``avail``,
     and that route; ``(None, ())`` if none."""
     if paths is None:  # a bus: one fixed route per pair
-        return next(((c, topo.route(parent, c)) for c in free
-                     if all(link in avail for link in topo.route(parent, c))), (None, ()))
+        routes = ((c, topo.route(parent, c)) for c in free)
+        return next(((c, route) for c, route in routes if all(link in avail for link in route)), (None, ()))
     a = topo.attach[parent]
     up = (parent, a)
     if up not in avail:

@@ -78,32 +78,42 @@ def simulate(schedule: Schedule, topo: Topology, nbytes: float, link_bandwidth: 
             raise ScheduleError(f"simulate: {name} must be a number {low}, got {value!r}")
     chunk = nbytes / schedule.nchunks
     routes = schedule_routes(schedule, topo)
-    total_link_bytes, worst = Counter(), 0
-    for step_routes in routes:
-        flows = Counter(link for route in step_routes for link in route)
-        worst = max(worst, max(flows.values(), default=0))
+    use = _use(routes)
+    total_link_bytes = Counter()
+    for flows in use:
         for link, count in flows.items():
             total_link_bytes[link] += count * chunk
-    # a rank's interface as two more links its transfers cross, ("send", r) and ("recv", r);
-    # they add bandwidth limits, not hops
-    hops = [[len(route) for route in step_routes] for step_routes in routes]
-    if node_bandwidth is not None:
-        routes = [[route + ((_SEND, t.src), (_RECV, t.dst)) for t, route in zip(step, step_routes)]
-                  for step, step_routes in zip(schedule.steps, routes)]
-
-    def capacity(link) -> float:
-        return node_bandwidth if link[0] in (_SEND, _RECV) else link_bandwidth
-
+    worst = max((max(flows.values(), default=0) for flows in use), default=0)
     if mode == "flow":
+        hops = [[len(route) for route in step_routes] for step_routes in routes]
+        if node_bandwidth is not None:   # a rank's interface as two more links: bandwidth, no hops
+            routes = [[route + ((_SEND, t.src), (_RECV, t.dst)) for t, route in zip(step, step_routes)]
+                      for step, step_routes in zip(schedule.steps, routes)]
+
+        def capacity(link) -> float:
+            return node_bandwidth if link[0] in (_SEND, _RECV) else link_bandwidth
+
         seconds, steps = _flow_model(schedule, routes, hops, chunk, capacity, link_latency, step_overhead)
         return SimResult(seconds, steps, dict(total_link_bytes), worst, link_bandwidth, mode)
     steps = []
-    for step_routes, step_hops in zip(routes, hops):
-        flows = Counter(link for route in step_routes for link in route)
-        slowest = max((max(flows[link] / capacity(link) for link in route) * chunk + h * link_latency
-                       for route, h in zip(step_routes, step_hops) if route), default=0.0)
+    for step, step_routes, flows in zip(schedule.steps, routes, use):
+        if node_bandwidth is not None:   # the transfers a rank sends (receives) share its interface
+            sends, receives = Counter(t.src for t in step), Counter(t.dst for t in step)
+        slowest = 0.0
+        for t, route in zip(step, step_routes):
+            if not route:
+                continue
+            seconds = max(flows[link] for link in route) * chunk / link_bandwidth
+            if node_bandwidth is not None:
+                seconds = max(seconds, max(sends[t.src], receives[t.dst]) * chunk / node_bandwidth)
+            slowest = max(slowest, seconds + len(route) * link_latency)
         steps.append(slowest + step_overhead)
     return SimResult(sum(steps), steps, dict(total_link_bytes), worst, link_bandwidth, mode)
+
+
+def _use(routes) -> list[Counter]:
+    """Per step, how many of the given routes cross each link."""
+    return [Counter(link for route in step_routes for link in route) for step_routes in routes]
 
 
 _SEND, _RECV = "send", "recv"   # a rank's interface, as link names no topology uses
@@ -111,7 +121,7 @@ _SEND, _RECV = "send", "recv"   # a rank's interface, as link names no topology 
 
 def link_use(schedule: Schedule, topo: Topology) -> list[Counter]:
     """Per step, how many transfers cross each directed link (for pictures and checks)."""
-    return [Counter(link for route in step for link in route) for step in schedule_routes(schedule, topo)]
+    return _use(schedule_routes(schedule, topo))
 
 
 def schedule_routes(schedule: Schedule, topo: Topology) -> list[list[tuple[tuple[int, int], ...]]]:

@@ -28,8 +28,9 @@ PAPER_ALGORITHMS = ("ring", "double_binary_tree", "ring_2d", "ring_2d_bidir", "h
 #: Every name :func:`schedule_on` accepts.
 SIM_ALGORITHMS = tuple(dict.fromkeys(PAPER_ALGORITHMS + tuple(schedules.ALGORITHMS)))
 #: The paper's message sizes: 32 KiB to 64 MiB.
-PAPER_SIZES = tuple(32 << (10 + 2 * i) for i in range(6))   # 32K, 128K, 512K, 2M, 8M, 32M
-PAPER_SIZES = PAPER_SIZES[:-1] + (64 << 20,)
+PAPER_SIZES = (32 << 10, 128 << 10, 512 << 10, 2 << 20, 8 << 20, 64 << 20)
+#: MultiTree's all-gather steps T from the public construction code: (torus side, k) -> T.
+PAPER_TREE_STEPS = {(4, 2): 7, (4, 3): 6, (4, 5): 5, (8, 2): 18, (8, 3): 17, (8, 5): 17}
 #: The networks of the paper's evaluation (fat tree: 8 leaves of 8, full bisection).
 PAPER_NETWORKS = {
     "torus 4x4": lambda: topology.torus(4, 4), "torus 8x8": lambda: topology.torus(8, 8),
@@ -103,6 +104,22 @@ def compare(topo: Topology, algorithms: Sequence[str] = PAPER_ALGORITHMS, sizes:
         ring = frame[frame["algorithm"] == "ring"].set_index("bytes")["seconds"]
         frame["speedup_vs_ring"] = frame["bytes"].map(ring) / frame["seconds"]
     return frame
+
+
+def interface_sweep(topo: Topology, links: Sequence[float | None] = (None, 4, 3, 2.5, 2.25, 2, 1.5, 1),
+                    nbytes: int = 64 << 20, link_bandwidth: float = PAPER_BANDWIDTH) -> pd.DataFrame:
+    """MultiTree's speed-up over ring and the two 2D rings as one rank's interface bandwidth
+    (``node_bandwidth``) shrinks, given in multiples of one link (``None``: unlimited)."""
+    built = {name: schedule_on(name, topo) for name in ("ring", "ring_2d", "ring_2d_bidir", "multitree")}
+    rows = []
+    for count in links:
+        nic = None if count is None else count * link_bandwidth
+        t = {name: simulate(s, topo, nbytes, link_bandwidth, node_bandwidth=nic).seconds for name, s in built.items()}
+        rows.append({"interface (links)": "unlimited" if count is None else count,
+                     "multitree / ring": t["ring"] / t["multitree"],
+                     "multitree / 2D ring": t["ring_2d"] / t["multitree"],
+                     "multitree / 2D ring (both ways)": t["ring_2d_bidir"] / t["multitree"]})
+    return pd.DataFrame(rows)
 
 
 def speedups(frame: pd.DataFrame) -> pd.DataFrame:

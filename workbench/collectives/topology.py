@@ -259,12 +259,12 @@ def bus(n: int) -> Topology:
     return Topology("bus", n, links, switches=2)
 
 
-#: ``parse`` spellings: kind -> (builder, what the numbers after the colon are)
+#: ``parse`` spellings: kind -> (builder, what the numbers after the colon are, at most how many)
 KINDS = {
-    "ring": (ring, "n"), "fully_connected": (fully_connected, "n"), "bus": (bus, "n"),
-    "torus": (torus, "ROWSxCOLS[xDEPTH]"), "mesh": (mesh, "ROWSxCOLS[xDEPTH]"),
-    "fat_tree": (fat_tree, "NODES[xNODES_PER_LEAF[xSPINES]]"),
-    "bigraph": (bigraph, "NODES[xSWITCHES_PER_LAYER]"),
+    "ring": (ring, "n", 1), "fully_connected": (fully_connected, "n", 1), "bus": (bus, "n", 1),
+    "torus": (torus, "ROWSxCOLS[xDEPTH]", 3), "mesh": (mesh, "ROWSxCOLS[xDEPTH]", 3),
+    "fat_tree": (fat_tree, "NODES[xNODES_PER_LEAF[xSPINES]]", 3),
+    "bigraph": (bigraph, "NODES[xSWITCHES_PER_LAYER]", 2),
 }
 
 
@@ -272,7 +272,7 @@ def parse(spec: str) -> Topology:
     """A topology from ``"kind:AxB..."``, e.g. ``torus:8x8``, ``mesh:4x4``, ``ring:16``,
     ``fully_connected:4``, ``bus:4``, ``fat_tree:64x8`` (nodes x nodes per leaf),
     ``bigraph:32x4`` (nodes x switches per layer)."""
-    allowed = ", ".join(f"{k}:{form}" for k, (_, form) in KINDS.items())
+    allowed = ", ".join(f"{k}:{form}" for k, (_, form, _) in KINDS.items())
     kind, _, numbers = str(spec).partition(":")
     if kind not in KINDS:
         raise ScheduleError(f"topology: unknown kind {kind!r} in {spec!r}; allowed: {allowed}")
@@ -280,8 +280,7 @@ def parse(spec: str) -> Topology:
         values = [int(x) for x in numbers.lower().split("x")] if numbers else []
     except ValueError:
         values = []
-    builder, form = KINDS[kind]
-    most = {"ring": 1, "fully_connected": 1, "bus": 1, "bigraph": 2}.get(kind, 3)
+    builder, form, most = KINDS[kind]
     if not values or len(values) > most:
         raise ScheduleError(f"topology: {spec!r} should look like {kind}:{form}")
     return builder(*values)
