@@ -17,7 +17,7 @@ import pytest
 
 from workbench.config import RunConfig
 from workbench.results import RunResult, history_frame
-from workbench.store import RUN_COLUMNS, Store
+from workbench.store import RUN_COLUMNS, SCHEMA_VERSION, Store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,7 +75,7 @@ def test_file_is_wal_with_a_schema_version_and_holds_json_text_not_pickle(store)
     store.create_sweep("s", {"epochs": 1}, {"tau": [1, 2]}, [0])
     conn = sqlite3.connect(store.path)
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     for table, column in (("runs", "config"), ("runs", "summary"), ("metrics", "record"), ("traces", "events"),
                           ("sweeps", "base_config"), ("sweeps", "grid"), ("sweeps", "seeds")):
         for kind, text in conn.execute(f"SELECT typeof({column}), {column} FROM {table}"):
@@ -198,7 +198,7 @@ def test_finish_keeps_sweep_membership_creation_time_and_live_data(store):
 
 
 def test_runs_lists_newest_first_with_filters_and_typed_columns(store):
-    store.add(_result("old", tau=4, lr=0.05))
+    store.add(_result("old", algorithm="sync-easgd", tau=4, lr=0.05))  # sync-sgd would refuse tau=4: it ignores it
     time.sleep(0.01)
     store.add(_result("broken", status="failed"))
     time.sleep(0.01)
@@ -312,7 +312,8 @@ def test_the_cli_records_finished_and_failed_runs_and_lists_them(tmp_path):
     assert listing.returncode == 0, listing.stderr
     lines = listing.stdout.splitlines()
     assert any("good-run" in line and "finished" in line for line in lines)
-    assert any("bad-run" in line and "failed" in line and "rank(s) 1 failed" in line for line in lines)
+    # the error column shows the first line of the error, which starts with the rank that failed
+    assert any("bad-run" in line and "failed" in line and "rank 1 (pid " in line for line in lines)
     assert "2 of 2 runs" in listing.stdout
     only_failed = _cli("runs", "--store", str(db), "--status", "failed", "--limit", "5", env=env, timeout=60)
     assert "bad-run" in only_failed.stdout and "good-run" not in only_failed.stdout

@@ -57,7 +57,9 @@ def test_failure_keeps_a_valid_checkpoint_and_resume_equals_uninterrupted(tmp_pa
     start = time.monotonic()
     with pytest.raises(MPILaunchError) as info:
         train(RunConfig(**base, fail_rank=2, fail_step=95), tmp_path / "broken")
-    assert time.monotonic() - start < 30
+    # the failure stops the job at once (about 10 s here, 35-42 s measured under load): a hang
+    # would run to the 1800 s default timeout; speed belongs in benchmarks/, not here
+    assert time.monotonic() - start < 120
     assert info.value.failed_ranks == [2]
     assert "injected failure on rank 2 at step 95" in str(info.value) and "Traceback" in str(info.value)
     assert checkpoint.latest_step(tmp_path / "broken") == 80

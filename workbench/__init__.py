@@ -14,20 +14,21 @@ Public names::
     wb.algorithms()                         # the nine training algorithms
     wb.collectives, wb.allreduce            # schedules, executor, all-reduce over MPI
 
-Heavy parts (ipyparallel, widgets, plotly) load on first use, so ``import workbench`` stays
-cheap on MPI ranks.
+Heavy parts (mpi4py, torch, pandas, ipyparallel, widgets, plotly) load on first use: importing
+workbench, building a ``RunConfig`` and driving a ``Cluster`` never initialise MPI in the
+notebook kernel or on a login node (only the ranks do), and ``import workbench`` stays cheap.
 """
 from importlib import import_module
 
-from . import collectives
-from .collectives import allreduce
 from .config import ConfigError, RunConfig
 from .optim.registry import algorithms
-from .results import RunResult
 
 __version__ = "0.1.0"
 
 _LAZY = {
+    "collectives": "workbench",
+    "allreduce": "workbench.collectives",
+    "RunResult": "workbench.results",
     "Cluster": "workbench.runtime.cluster",
     "Run": "workbench.runtime.run",
     "RunError": "workbench.runtime.run",
@@ -42,7 +43,9 @@ __all__ = ["collectives", "allreduce", "algorithms", "RunConfig", "ConfigError",
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
+    if name == "collectives":
+        value = import_module("workbench.collectives")
+    elif name in _LAZY:
         value = getattr(import_module(_LAZY[name]), name)
         globals()[name] = value
         return value

@@ -17,6 +17,9 @@ Arguments are validated here, before mpiexec is launched; a bad value is an erro
 the option and the allowed values. ``train`` and ``compare`` record every run in the results
 store (``--store FILE``, default ``$WORKBENCH_STORE`` or ``data/workbench.sqlite``): a
 ``running`` row before launch, then the finished run or the failure with its error.
+SIGINT, SIGTERM and SIGHUP stop the whole MPI job (cooperatively first, killed after a grace
+period) and leave the run recorded as ``cancelled``; the exit code is 128 + the signal.
+This process never imports ``mpi4py.MPI``: only the ranks initialise MPI.
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ def _parse_algorithms(text: str) -> list[str]:
 
 
 def _parse_sizes(text: str) -> list[int]:
-    from .bench.allreduce import parse_size
+    from .bench.sizes import parse_size
     try:
         return [parse_size(s) for s in text.split(",")]
     except ValueError as exc:
@@ -218,8 +221,19 @@ def _calibrate(args) -> int:
     return 0
 
 
+def _positive_seconds(text: str) -> float:
+    """A finite number of seconds > 0 (``--timeout``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
 def _training_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by train and compare; defaults come from RunConfig."""
+    """Options shared by train and compare; defaults (None: not given) come from RunConfig."""
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--model", default="mlp", help="mlp, wide_mlp, cnn, or module:function")
     p.add_argument("--dataset", default="digits", help="digits, synthetic, or a .npz path")
@@ -227,10 +241,11 @@ def _training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--lr", type=float)
     p.add_argument("--rho", type=float, help="elastic coefficient (default: p*lr*rho = 0.9)")
-    p.add_argument("--tau", type=int, default=1, help="communication period in steps")
+    p.add_argument("--tau", type=int, default=None, help="communication period in steps (default 1)")
     p.add_argument("--momentum", type=float)
     p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--collective", default="native", help=f"all-reduce algorithm: {', '.join(algorithm_names())}")
+    p.add_argument("--collective", default=None, help=f"all-reduce algorithm of the synchronous algorithms "
+                                                      f"(default native): {', '.join(algorithm_names())}")
     p.add_argument("--per-layer", action="store_true", help="one message per layer instead of one flat buffer")
     p.add_argument("--no-overlap", action="store_true", help="do not overlap communication with compute")
     p.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (master: arrivals)")
@@ -238,21 +253,34 @@ def _training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-telemetry", action="store_true")
     p.add_argument("--fail-rank", type=int, help="debug: make this rank raise at --fail-step")
     p.add_argument("--fail-step", type=int, help="debug: the step at which --fail-rank raises")
-    p.add_argument("--timeout", type=float, default=1800, help="seconds before the job is killed")
+    p.add_argument("--timeout", type=_positive_seconds, default=1800,
+                   help="seconds before the job is killed (finite, > 0; default 1800)")
     p.add_argument("--store", metavar="FILE", help="results store (default $WORKBENCH_STORE or "
                                                    "data/workbench.sqlite)")
 
 
-def _config(args: argparse.Namespace, algorithm: str):
-    from .config import RunConfig
+_OPTION = {"tau": "--tau", "rho": "--rho", "collective": "--collective", "momentum": "--momentum"}
+
+
+def _config(args: argparse.Namespace, algorithm: str, shared: bool = False):
+    """The RunConfig of ``algorithm`` with the command's options. An option the algorithm ignores
+    (``--collective`` on a master-based one, ``--tau``/``--rho`` on an SGD baseline) is an error,
+    unless ``shared`` (compare: the options serve several algorithms): then it is left out for this
+    algorithm with a note on stderr."""
+    from .config import RunConfig, without_ignored
     values = {"algorithm": algorithm, "ranks": args.ranks, "model": args.model, "dataset": args.dataset,
-              "seed": args.seed, "lr": args.lr, "rho": args.rho, "tau": args.tau, "momentum": args.momentum,
-              "collective": args.collective, "single_buffer": not args.per_layer,
+              "seed": args.seed, "lr": args.lr, "rho": args.rho, "momentum": args.momentum,
+              "single_buffer": not args.per_layer,
               "overlap": not args.no_overlap, "checkpoint_every": args.checkpoint_every,
               "telemetry": not args.no_telemetry, "fail_rank": args.fail_rank, "fail_step": args.fail_step}
-    for name in ("epochs", "batch_size", "eval_every"):
+    for name in ("epochs", "batch_size", "eval_every", "tau", "collective"):
         if getattr(args, name) is not None:
             values[name] = getattr(args, name)
+    if shared:
+        values, dropped = without_ignored(values)
+        if dropped:
+            print(f"workbench {args.command}: note: {algorithm} ignores {', '.join(_OPTION[n] for n in dropped)}; "
+                  f"run without it", file=sys.stderr)
     return RunConfig(**values)
 
 
@@ -270,26 +298,80 @@ def _open_store(args, command: str):
         return None
 
 
-def _recorded_train(store, run_id: str, cfg, run_dir, **options):
+def _recorded_train(store, run_id: str, cfg, run_dir, resumed_from: str | None = None, **options):
     """``runtime.batch.train`` with the run recorded in ``store``: a ``running`` row before mpiexec
     starts (so a crash leaves a trace), then the finished run, or the failure and its error.
-    Returns the finished run's :class:`~workbench.results.RunResult`."""
+    Returns the finished run's :class:`~workbench.results.RunResult`.
+
+    Interrupted (SIGINT, SIGTERM, SIGHUP: ``batch.train`` has stopped the job), the run is recorded
+    as its folder says: with its summary when rank 0 wrote one in this run (``cancelled``, or
+    ``finished`` if it ended before the signal took effect), else ``cancelled`` with the signal as
+    its error; never left ``running``. The exception goes on with ``recorded_status`` set. Store
+    writes are not cut short by a signal."""
+    import time
     from pathlib import Path
 
     from .results import RunResult
     from .runtime.batch import train
-    store.start_run(run_id, cfg.to_dict(), run_dir=str(Path(run_dir).resolve()))
+    from .runtime.launcher import deferred_signals
+    started = time.time()
     try:
+        with deferred_signals():
+            store.start_run(run_id, cfg.to_dict(), run_dir=str(Path(run_dir).resolve()), resumed_from=resumed_from)
         train(cfg, run_dir, **options)
-    except KeyboardInterrupt:
-        store.fail(run_id, "interrupted from the keyboard", status="cancelled")
+        result = RunResult.from_run_dir(run_dir, run_id)
+        with deferred_signals():
+            store.finish(result)
+        return result
+    except KeyboardInterrupt as exc:
+        with _signals_ignored():  # stopping already: a second signal must not leave the row running
+            exc.recorded_status = _record_interrupted(store, run_id, run_dir, started, exc)
         raise
     except BaseException as exc:
-        store.fail(run_id, str(exc))
+        with _signals_ignored():
+            store.fail(run_id, str(exc))
         raise
-    result = RunResult.from_run_dir(run_dir, run_id)
-    store.finish(result)
-    return result
+
+
+def _record_interrupted(store, run_id: str, run_dir, started: float, exc: BaseException) -> str:
+    """Record an interrupted run from its folder; returns the status recorded."""
+    from pathlib import Path
+
+    from .results import RunResult
+    try:
+        # written by this run (a few seconds' slack: rank 0 may write on another host's clock)
+        if Path(run_dir, "summary.json").stat().st_mtime >= started - 5:
+            result = RunResult.from_run_dir(run_dir, run_id)
+            store.finish(result)
+            return result.status
+    except (OSError, ValueError, KeyError):  # no summary, or one cut short by the kill
+        pass
+    store.fail(run_id, str(exc) or "interrupted from the keyboard", status="cancelled")
+    return "cancelled"
+
+
+def _signals_ignored():
+    import signal
+
+    from .runtime.launcher import handling_signals
+    return handling_signals(signal.SIG_IGN)
+
+
+def _say(text: str) -> None:
+    """Print to stderr; a terminal that is gone (SIGHUP) or a closed pipe is not an error."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def _interrupt_code(exc: BaseException) -> tuple[int, str]:
+    """The exit code (128 + signal) and the signal's name of an interruption."""
+    import signal
+
+    from .runtime.launcher import signal_name
+    signum = getattr(exc, "signum", signal.SIGINT)
+    return 128 + signum, signal_name(signum)
 
 
 def _configs_and_store(args, names: list[str], command: str):
@@ -297,7 +379,8 @@ def _configs_and_store(args, names: list[str], command: str):
     Returns ``(configs, store)``, or the exit code after printing why not."""
     from .config import ConfigError
     try:
-        configs = [_config(args, name) for name in names]
+        configs = [_config(args, name, shared=command == "compare") for name in names]
+        _check_paths(args, configs)
     except ConfigError as exc:
         print(f"workbench {command}: error: {exc}", file=sys.stderr)
         return 2
@@ -305,27 +388,58 @@ def _configs_and_store(args, names: list[str], command: str):
     return 1 if store is None else (configs, store)
 
 
+def _check_paths(args, configs) -> None:
+    """``--out`` and ``--resume``, before anything is created or launched: ConfigError naming the option."""
+    from pathlib import Path
+
+    from .config import ConfigError
+    from .runtime import checkpoint
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {args.out!r} is a file, not a directory")
+    for cfg in configs:
+        run_dir = out if args.command == "train" else (out / cfg.algorithm if out else None)
+        if run_dir is not None and (run_dir / "config.json").exists():
+            raise ConfigError(f"--out: {str(run_dir)!r} already holds a run ({run_dir / 'config.json'}); give a "
+                              f"new directory" + (" (a resumed run writes into a new one)" if args.command == "train"
+                                                  else ""))
+    if getattr(args, "resume", None):
+        try:
+            checkpoint.check_resume(args.resume, configs[0])
+        except ConfigError as exc:
+            raise ConfigError(f"--{exc}") from None  # "resume: ..." -> "--resume: ..."
+
+
 def _train(args) -> int:
     from pathlib import Path
 
-    from .runtime.batch import new_run_id, runs_root
+    from .runtime.batch import make_run_dir, new_run_id, run_id_for, runs_root
     prepared = _configs_and_store(args, [args.algorithm], "train")
     if isinstance(prepared, int):
         return prepared
     [cfg], store = prepared
-    run_dir = Path(args.out or args.resume or runs_root() / new_run_id(cfg))
-    run_id = run_dir.name
+    # a resumed run is a new run in a new directory, linked to the one it continues: the old
+    # run's row and files stay as they were, whatever happens to the new one
+    run_dir = Path(args.out) if args.out else runs_root() / new_run_id(cfg)
+    run_id = run_id_for(run_dir, cfg, store)
+    make_run_dir(run_dir, "--out")
     print(f"{'run_id':20s} {run_id}", flush=True)
+    resumed_from = None
+    if args.resume:
+        resumed_from = store.run_id_of(args.resume) or str(Path(args.resume).resolve())
+        print(f"{'resumed_from':20s} {resumed_from}", flush=True)
     try:
-        result = _recorded_train(store, run_id, cfg, run_dir, resume=args.resume, timeout=args.timeout)
+        result = _recorded_train(store, run_id, cfg, run_dir, resumed_from=resumed_from, resume=args.resume,
+                                 timeout=args.timeout)
     except (MPILaunchError, ValueError, FileNotFoundError) as exc:
-        print(f"workbench train: {exc}", file=sys.stderr)
-        print(f"workbench train: run {run_id} recorded as failed in {store.path}", file=sys.stderr)
+        _say(f"workbench train: {exc}")
+        _say(f"workbench train: run {run_id} recorded as failed in {store.path}")
         return 1
-    except KeyboardInterrupt:
-        print(f"workbench train: interrupted; run {run_id} recorded as cancelled in {store.path}",
-              file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP: the job is stopped and recorded
+        code, name = _interrupt_code(exc)
+        _say(f"workbench train: interrupted by {name}; run {run_id} recorded as "
+             f"{getattr(exc, 'recorded_status', 'cancelled')} in {store.path}")
+        return code
     summary = {**result.summary, "run_dir": result.run_dir}
     for key in ("algorithm", "ranks", "final_test_accuracy", "final_loss", "wall_seconds", "steps",
                 "comm_fraction", "bytes_sent", "weights_checksum", "run_dir"):
@@ -345,7 +459,7 @@ def _compare(args) -> int:
 
     from tabulate import tabulate
 
-    from .runtime.batch import runs_root
+    from .runtime.batch import make_run_dir, run_id_for, runs_root
     names = list(ALGORITHMS) if args.algorithms == "all" else [a.strip() for a in args.algorithms.split(",")]
     prepared = _configs_and_store(args, names, "compare")
     if isinstance(prepared, int):
@@ -354,14 +468,23 @@ def _compare(args) -> int:
     parent = Path(args.out) if args.out else runs_root() / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
     rows = []
     for cfg in configs:
-        run_id = f"{parent.name}-{cfg.algorithm}"  # unique across compares, unlike the directory name
+        # "<parent>-<algorithm>", made unique in the store (two compares with --out a/x and b/x)
+        run_id = run_id_for(parent / cfg.algorithm, cfg, store, name=f"{parent.resolve().name}-{cfg.algorithm}")
+        make_run_dir(parent / cfg.algorithm, "--out")
         print(f"{cfg.algorithm}: run {run_id}", flush=True)
         try:
             result = _recorded_train(store, run_id, cfg, parent / cfg.algorithm, timeout=args.timeout)
         except MPILaunchError as exc:
-            print(f"workbench compare: {cfg.algorithm} failed: {exc}", file=sys.stderr)
+            _say(f"workbench compare: {cfg.algorithm} failed: {exc}")
             rows.append([cfg.algorithm, "failed", "", "", "", "", run_id])
             continue
+        except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP: stop here, record, run no more
+            code, name = _interrupt_code(exc)
+            rest = [c.algorithm for c in configs[configs.index(cfg) + 1:]]
+            _say(f"workbench compare: interrupted by {name}; run {run_id} recorded as "
+                 f"{getattr(exc, 'recorded_status', 'cancelled')} in {store.path}"
+                 + (f"; not run: {', '.join(rest)}" if rest else ""))
+            return code
         s, tta = result.summary, result.time_to_accuracy(args.target_accuracy)
         rows.append([cfg.algorithm, f"{s['final_test_accuracy']:.3f}", f"{s['wall_seconds']:.2f}",
                      "not reached" if tta is None else f"{tta:.2f}",
@@ -407,6 +530,39 @@ def _runs(args) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command not in ("train", "compare", "bench"):
+        return _command(args)
+    from .runtime.launcher import handling_signals, raise_interrupted
+    try:
+        # SIGTERM and SIGHUP end these commands like Ctrl-C: as an exception, so the store is
+        # updated and no MPI process is left (while a job runs, the launcher handles them itself)
+        with handling_signals(raise_interrupted):
+            return _command(args)
+    except KeyboardInterrupt as exc:  # before or after a run: nothing is running
+        code, name = _interrupt_code(exc)
+        _say(f"workbench {args.command}: interrupted by {name}")
+        return code
+    finally:
+        _settle_output()
+
+
+def _settle_output() -> None:
+    """Flush stdout and stderr; where the terminal is gone (SIGHUP), send what is left to
+    /dev/null so that exiting does not fail on it."""
+    import os
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, stream.fileno())
+                os.close(devnull)
+            except (OSError, ValueError):
+                pass
+
+
+def _command(args) -> int:
     if args.command == "algorithms":
         print("training algorithms:")
         for name, description in algorithms().items():
@@ -424,7 +580,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "calibrate":
         return _calibrate(args)
     if args.command == "bench" and args.what == "allreduce":
-        from .bench.allreduce import format_size
+        from .bench.sizes import format_size
         worker = ["-m", "workbench.bench.allreduce",
                   "--sizes", ",".join(format_size(s) for s in args.sizes),
                   "--algorithms", ",".join(args.algorithms), "--dtype", args.dtype]
@@ -434,8 +590,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             worker += ["--json", args.json]
         try:
             run_mpi(args.ranks, worker, timeout=args.timeout, stream=True)
-        except MPILaunchError as exc:
-            print(f"workbench: {exc}", file=sys.stderr)
+        except (MPILaunchError, ValueError) as exc:
+            _say(f"workbench: {exc}")
             return 1
         return 0
     return 2  # argparse's required subcommands make this unreachable

@@ -29,10 +29,76 @@ DEFAULTS = {
     "sync-easgd": {"lr": 0.1, "momentum": 0.0},
 }
 BETA = 0.9  # the paper's moving rate p*alpha
+#: Seeds go to torch.manual_seed, numpy and scikit-learn (``random_state``); numpy's legacy
+#: generator, which scikit-learn uses, takes 0 .. 2**32 - 1, the narrowest of the three.
+MAX_SEED = 2**32 - 1
+#: String fields: a wrong type is a ConfigError, not a TypeError deep in validation.
+_STRING_FIELDS = ("algorithm", "model", "dataset", "collective")
+#: Options that an algorithm may not use: name -> the value meaning "not set" (see :func:`ignored_options`).
+UNSET = {"collective": "native", "tau": 1, "rho": None, "momentum": None}
 
 
 class ConfigError(ValueError):
     """A RunConfig value that is not allowed; the message names the parameter."""
+
+
+def ignored_options(algorithm: str, values: dict[str, Any], derived_rho: float | None = None
+                    ) -> list[tuple[str, str]]:
+    """The options in ``values`` that ``algorithm`` would silently ignore, as ``(name, why)``.
+
+    An option counts only when it is set to something other than "not set" (:data:`UNSET`):
+    ``collective`` other than ``native`` on a master-based algorithm (no all-reduce: workers
+    exchange with rank 0); ``tau`` other than 1 on ``sync-sgd`` (it all-reduces gradients every
+    step); ``rho`` on an algorithm without an elastic term (the SGD baselines), unless it equals
+    the derived default ``derived_rho`` (a config read back from JSON carries it); ``momentum``
+    other than 0 on an elastic algorithm without momentum (use ``async-measgd``). A single run
+    refuses these (:class:`ConfigError`); a sweep or ``workbench compare`` over several
+    algorithms drops them for the algorithms that ignore them (:func:`without_ignored`).
+    """
+    spec = ALGORITHMS[algorithm]
+    found = []
+    collective = values.get("collective", UNSET["collective"])
+    if spec.master_based and collective != UNSET["collective"]:
+        found.append(("collective", f"collective: {algorithm} is master-based (workers exchange with rank 0, "
+                                    f"no all-reduce), so it ignores collective={collective!r}; leave it "
+                                    f"at 'native' (or pick a synchronous algorithm: sync-sgd, sync-easgd)"))
+    tau = values.get("tau", UNSET["tau"])
+    if not spec.master_based and not spec.elastic and tau != UNSET["tau"]:
+        found.append(("tau", f"tau: {algorithm} all-reduces gradients every step and ignores tau={tau!r}; "
+                             f"leave it at 1 (tau is the communication period of the EASGD family and "
+                             f"of the master-based algorithms)"))
+    rho = values.get("rho")
+    if not spec.elastic and rho is not None and not (derived_rho is not None and isinstance(rho, (int, float))
+                                                     and math.isclose(rho, derived_rho, rel_tol=1e-9)):
+        found.append(("rho", f"rho: {algorithm} has no elastic term and ignores rho={rho!r}; leave rho "
+                             f"unset (it applies to easgd, async-easgd, async-measgd, hogwild-easgd, "
+                             f"sync-easgd)"))
+    momentum = values.get("momentum")
+    if spec.elastic and not spec.momentum and momentum not in (None, 0, 0.0):
+        found.append(("momentum", f"momentum: {algorithm} does not use momentum (got {momentum!r}); leave it "
+                                  f"unset (async-measgd is momentum EASGD)"))
+    return found
+
+
+def shared_files() -> bool:
+    """Whether results are meant for other users too: ``WORKBENCH_SHARED=1`` (or true/yes).
+
+    By default the results store is created ``0600`` (its ``-wal``/``-shm`` files follow it)
+    and run directories ``0700``, so other users of a shared login node cannot read runs; with
+    ``WORKBENCH_SHARED=1`` both are created with the usual umask-derived modes."""
+    import os
+    return os.environ.get("WORKBENCH_SHARED", "").strip().lower() in ("1", "true", "yes")
+
+
+def without_ignored(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``values`` (RunConfig fields, ``algorithm`` among them) with the options its algorithm
+    ignores reset to "not set", and their names. For sweeps and ``workbench compare``, where
+    one set of options is shared by several algorithms."""
+    algorithm = values.get("algorithm", "sync-easgd")
+    if algorithm not in ALGORITHMS:
+        return dict(values), []  # RunConfig names the bad algorithm
+    names = [name for name, _ in ignored_options(algorithm, values)]
+    return {**values, **{name: UNSET[name] for name in names}}, names
 
 
 @dataclass
@@ -63,6 +129,14 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         algos = list(ALGORITHMS)
+        for name in _STRING_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise ConfigError(f"{name} must be a string; got {type(value).__name__} {value!r}"
+                                  + (" (pass str(path))" if name == "dataset" and hasattr(value, "__fspath__")
+                                     else ""))
+        if not isinstance(self.extra, dict):
+            raise ConfigError(f"extra must be a dict; got {type(self.extra).__name__}")
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"algorithm must be one of {', '.join(algos)}; got {self.algorithm!r}")
         spec = ALGORITHMS[self.algorithm]
@@ -75,8 +149,12 @@ class RunConfig:
         self._int("eval_every", 1)
         self._int("checkpoint_every", 0)
         self._int("seed", 0)
+        if self.seed > MAX_SEED:
+            raise ConfigError(f"seed must be an integer in 0..{MAX_SEED} (2**32 - 1, what numpy and "
+                              f"scikit-learn accept); got {self.seed!r}")
         self._int("synthetic_samples", 20)
         defaults = DEFAULTS[self.algorithm]
+        given_rho, given_momentum = self.rho, self.momentum
         if self.lr is None:
             self.lr = defaults["lr"]
         if self.momentum is None:
@@ -92,6 +170,11 @@ class RunConfig:
         if self.collective not in collective_names():
             raise ConfigError(f"collective must be one of {', '.join(collective_names())}; "
                               f"got {self.collective!r}")
+        ignored = ignored_options(self.algorithm, {"collective": self.collective, "tau": self.tau,
+                                                   "rho": given_rho, "momentum": given_momentum},
+                                  derived_rho=BETA / (self.workers * self.lr))
+        if ignored:
+            raise ConfigError(ignored[0][1])
         for name in ("single_buffer", "overlap", "telemetry"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false; got {getattr(self, name)!r}")
@@ -99,9 +182,10 @@ class RunConfig:
         if (self.fail_rank is None) != (self.fail_step is None):
             raise ConfigError("fail_rank and fail_step go together (both set or both unset)")
         if self.fail_rank is not None:
-            if not isinstance(self.fail_rank, int) or not 0 <= self.fail_rank < self.ranks:
+            if (not isinstance(self.fail_rank, int) or isinstance(self.fail_rank, bool)
+                    or not 0 <= self.fail_rank < self.ranks):
                 raise ConfigError(f"fail_rank must be a rank in 0..{self.ranks - 1}; got {self.fail_rank!r}")
-            if not isinstance(self.fail_step, int) or self.fail_step < 0:
+            if not isinstance(self.fail_step, int) or isinstance(self.fail_step, bool) or self.fail_step < 0:
                 raise ConfigError(f"fail_step must be an integer >= 0; got {self.fail_step!r}")
 
     # -- derived -------------------------------------------------------------------------
@@ -129,23 +213,18 @@ class RunConfig:
         setattr(self, name, float(value))
 
     def _check_model_and_data(self) -> None:
+        """The dataset's shapes and labels and the model against them, without torch for the
+        built-in models and datasets (a ``module:function`` model is built once to check it)."""
         from . import data, models
         try:
-            models.check_model_name(self.model)
+            info = data.describe(self.dataset, samples=self.synthetic_samples)
+        except ValueError as exc:
+            raise ConfigError(str(exc) if str(exc).startswith("dataset") else f"dataset: {exc}") from None
+        try:
+            models.check_model(self.model, info.feature_shape, info.num_classes)
         except ValueError as exc:
             raise ConfigError(f"model: {exc}") from None
-        if self.dataset == "digits":
-            train = 1437  # data.digits() split, known without loading it
-        elif self.dataset == "synthetic":
-            train = int(self.synthetic_samples * 0.8)
-        elif self.dataset.endswith(".npz"):
-            try:
-                train = len(data.from_npz(self.dataset).y_train)
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"dataset: cannot read {self.dataset!r}: {exc}") from None
-        else:
-            raise ConfigError(f"dataset must be one of {', '.join(data.BUILTIN_DATASETS)} or a path "
-                              f"to an .npz file; got {self.dataset!r}")
+        train = info.train_samples
         shard = train // self.workers
         if self.batch_size > shard:
             raise ConfigError(f"batch_size {self.batch_size} is larger than a worker's shard "

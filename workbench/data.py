@@ -4,7 +4,12 @@
   (stratified, fixed split seed so every run sees the same test set), pixels scaled to [0, 1].
 - ``synthetic``: a classification problem of any size (scikit-learn ``make_classification``).
 - a path to an ``.npz`` file with ``X_train, y_train, X_test, y_test``: user-supplied arrays;
-  :func:`save_arrays` writes one from numpy arrays.
+  :func:`save_arrays` writes one from numpy arrays. :func:`check_arrays` refuses (ValueError,
+  naming the array) what cannot train: an empty split, strings or objects, X and y of different
+  lengths, labels that are not integers, negative or >= :data:`MAX_CLASSES`, NaN/inf features.
+
+torch is imported only where tensors are made, so validating a configuration (``describe``)
+needs numpy alone.
 
 Batches are a pure function of (seed, rank, epoch, step), so a resumed run sees exactly the
 batches an uninterrupted one would.
@@ -16,9 +21,22 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 BUILTIN_DATASETS = ("digits", "synthetic")
+#: Labels are class indices 0 .. MAX_CLASSES - 1: the model's output layer has max label + 1
+#: units, so one stray label of 1e9 would otherwise ask for gigabytes of weights.
+MAX_CLASSES = 100_000
+_ARRAYS = ("X_train", "y_train", "X_test", "y_test")
+
+
+@dataclass(frozen=True)
+class DataInfo:
+    """What a configuration needs to know about a dataset before anything loads it on the ranks."""
+
+    train_samples: int
+    test_samples: int
+    feature_shape: tuple[int, ...]  # one sample's shape: (64,) for digits
+    num_classes: int
 
 
 @dataclass
@@ -41,6 +59,7 @@ class Dataset:
 
 
 def _tensors(name, X_train, y_train, X_test, y_test) -> Dataset:
+    import torch
     f = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.float32)  # noqa: E731
     i = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.int64)  # noqa: E731
     return Dataset(name, f(X_train), i(y_train), f(X_test), i(y_test))
@@ -75,13 +94,80 @@ def save_arrays(path: str | os.PathLike, X_train, y_train, X_test, y_test) -> Pa
     return path
 
 
+def _read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """The four arrays of a dataset file (never unpickling anything), or ValueError saying why not."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not hasattr(z, "files"):
+                raise ValueError("it holds one array, not an .npz archive of X_train, y_train, X_test, y_test")
+            missing = set(_ARRAYS) - set(z.files)
+            if missing:
+                raise ValueError(f"it lacks arrays {sorted(missing)} (has {sorted(z.files) or 'none'})")
+            return {name: z[name] for name in _ARRAYS}
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            exc = ValueError("it holds Python objects (object arrays or a pickle), not numeric arrays")
+        raise ValueError(f"cannot read {os.fspath(path)!r}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - OSError, BadZipFile, EOFError...: all one message
+        raise ValueError(f"cannot read {os.fspath(path)!r}: {type(exc).__name__}: {exc}") from None
+
+
+def check_arrays(X_train, y_train, X_test, y_test, where: str = "dataset") -> DataInfo:
+    """Check user arrays with numpy alone; ValueError naming the array and what is wrong."""
+    arrays = dict(zip(_ARRAYS, (np.asarray(a) for a in (X_train, y_train, X_test, y_test))))
+    for name in ("X_train", "X_test"):
+        X = arrays[name]
+        if X.dtype.kind not in "biuf":
+            raise ValueError(f"{where}: {name} must hold numbers; got dtype {X.dtype}")
+        if X.ndim < 2 or int(np.prod(X.shape[1:])) == 0:
+            raise ValueError(f"{where}: {name} must be (samples, features...) with at least one feature; "
+                             f"got shape {X.shape}")
+        if len(X) == 0:
+            raise ValueError(f"{where}: {name} is empty (no samples)")
+        if X.dtype.kind == "f" and not np.isfinite(X).all():
+            raise ValueError(f"{where}: {name} holds NaN or infinite values "
+                             f"({int((~np.isfinite(X)).sum())} of {X.size})")
+    if arrays["X_train"].shape[1:] != arrays["X_test"].shape[1:]:
+        raise ValueError(f"{where}: X_train samples have shape {arrays['X_train'].shape[1:]} but X_test "
+                         f"samples {arrays['X_test'].shape[1:]}")
+    for name in ("y_train", "y_test"):
+        y, X = arrays[name], arrays["X" + name[1:]]
+        if y.dtype.kind not in "iu":
+            raise ValueError(f"{where}: {name} must hold integer class labels 0, 1, ...; got dtype {y.dtype}")
+        if y.ndim != 1 or len(y) != len(X):
+            raise ValueError(f"{where}: {name} must be one label per sample of X{name[1:]} ({len(X)}); got "
+                             f"shape {y.shape}")
+        low, high = int(y.min()), int(y.max())
+        if low < 0 or high >= MAX_CLASSES:
+            raise ValueError(f"{where}: {name} labels must be class indices in 0..{MAX_CLASSES - 1}; got "
+                             f"{low if low < 0 else high}")
+    num_classes = max(int(arrays["y_train"].max()), int(arrays["y_test"].max())) + 1
+    return DataInfo(len(arrays["y_train"]), len(arrays["y_test"]), tuple(arrays["X_train"].shape[1:]),
+                    num_classes)
+
+
 def from_npz(path: str | os.PathLike) -> Dataset:
-    """Load user arrays saved by :func:`save_arrays` (or any npz with those four keys)."""
-    with np.load(path) as z:
-        missing = {"X_train", "y_train", "X_test", "y_test"} - set(z.files)
-        if missing:
-            raise ValueError(f"dataset file {path} lacks arrays {sorted(missing)}")
-        return _tensors(Path(path).stem, z["X_train"], z["y_train"], z["X_test"], z["y_test"])
+    """Load user arrays saved by :func:`save_arrays` (or any npz with those four keys), checked
+    by :func:`check_arrays`."""
+    arrays = _read_npz(path)
+    check_arrays(**arrays, where=f"dataset {os.fspath(path)!r}")
+    return _tensors(Path(path).stem, *(arrays[name] for name in _ARRAYS))
+
+
+def describe(name: str, *, samples: int = 4000) -> DataInfo:
+    """Sizes, sample shape and class count of a dataset by name or ``.npz`` path, with numpy
+    only; ValueError for an unknown name or arrays :func:`check_arrays` refuses."""
+    if name == "digits":
+        return DataInfo(1437, 360, (64,), 10)  # digits() split, known without loading it
+    if name == "synthetic":
+        cut = int(samples * 0.8)
+        return DataInfo(cut, samples - cut, (64,), 10)  # synthetic()'s defaults
+    if name.endswith(".npz"):
+        if Path(name).is_dir():
+            raise ValueError(f"cannot read {name!r}: it is a directory")
+        return check_arrays(**_read_npz(name), where=f"{name!r}")
+    raise ValueError(f"dataset must be one of {', '.join(BUILTIN_DATASETS)} or a path to an .npz "
+                     f"file; got {name!r}")
 
 
 def load(name: str, *, samples: int = 4000, seed: int = 0) -> Dataset:
@@ -105,6 +191,7 @@ class Batches:
     """Mini-batches of one shard: reshuffled every epoch, as a pure function of the epoch."""
 
     def __init__(self, data: Dataset, shard: int, num_shards: int, batch_size: int, seed: int) -> None:
+        import torch
         self.X, self.y = data.X_train, data.y_train
         self.indices = torch.from_numpy(shard_indices(len(self.y), shard, num_shards))
         self.batch_size = batch_size
@@ -113,6 +200,7 @@ class Batches:
 
     def batch(self, global_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The batch of this shard's ``global_step``-th step (epochs follow one another)."""
+        import torch
         epoch, step = divmod(global_step, self.steps_per_epoch)
         if step == 0 or getattr(self, "_epoch", None) != epoch:
             g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.shard * 10_007 + epoch)

@@ -3,7 +3,12 @@
 Models by name: ``mlp`` (small, for digits), ``wide_mlp`` (>= 1M parameters, so communication
 matters), ``cnn`` (small convolutional net for 8x8 images). Any user model works through the
 same path: ``model="package.module:function"`` names a function ``(num_features, num_classes)
--> torch.nn.Module`` that every rank imports.
+-> torch.nn.Module`` that every rank imports. Importing it runs that module's code in the
+process that validates the configuration (notebook kernel, CLI) and on every rank;
+:func:`check_model` builds it once there and runs a forward pass on zeros, so a factory that
+raises, returns something else, or whose input/output sizes do not fit the data is refused
+before any rank starts. torch is imported only when a model is built (validating a built-in
+model needs no torch).
 
 :class:`FlatParams` makes every parameter (and gradient) a view into one contiguous tensor, so
 all layers travel as one message; ``segments()`` gives the per-layer views for the
@@ -11,27 +16,33 @@ one-message-per-layer ablation.
 """
 from __future__ import annotations
 
+import functools
 import importlib
-
-import torch
-from torch import nn
+import math
 
 BUILTIN_MODELS = ("mlp", "wide_mlp", "cnn")
 
 
-class _Image(nn.Module):
-    """Reshape flat 64-pixel rows to 1x8x8 images."""
+@functools.cache
+def _image_class():
+    """``_Image``: reshape flat rows to 1 x side x side images (made on first use: torch is lazy)."""
+    from torch import nn
 
-    def __init__(self, side: int) -> None:
-        super().__init__()
-        self.side = side
+    class _Image(nn.Module):
+        def __init__(self, side: int) -> None:
+            super().__init__()
+            self.side = side
 
-    def forward(self, x):
-        return x.view(x.shape[0], 1, self.side, self.side)
+        def forward(self, x):
+            return x.view(x.shape[0], 1, self.side, self.side)
+
+    return _Image
 
 
 def build(name: str, num_features: int, num_classes: int) -> nn.Module:
     """A model by name, or ``"module:function"`` for a user model."""
+    from torch import nn
+    _Image = _image_class()
     if name == "mlp":
         return nn.Sequential(nn.Linear(num_features, 64), nn.ReLU(), nn.Linear(64, num_classes))
     if name == "wide_mlp":
@@ -55,20 +66,74 @@ def build(name: str, num_features: int, num_classes: int) -> nn.Module:
                      f"got {name!r}")
 
 
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _factory(name: str):
+    """The user's ``module:function``; ValueError if it cannot be imported or is not callable."""
+    module_name, _, attr = name.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"model {name!r}: write it as 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - a module that raises while importing is as bad as a missing one
+        raise ValueError(f"model {name!r}: cannot import {module_name!r}: {_one_line(exc)}") from None
+    if not callable(getattr(module, attr, None)):
+        raise ValueError(f"model {name!r}: {module_name} has no function {attr!r}")
+    return getattr(module, attr)
+
+
 def check_model_name(name: str) -> None:
     """Raise ValueError for a name that is neither built in nor importable as module:function."""
+    if not isinstance(name, str):
+        raise ValueError(f"model must be a string; got {type(name).__name__}")
     if name in BUILTIN_MODELS:
         return
     if ":" not in name:
         raise ValueError(f"model must be one of {', '.join(BUILTIN_MODELS)} or 'module:function'; "
                          f"got {name!r}")
-    module_name, _, attr = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"model {name!r}: cannot import {module_name!r}: {exc}") from None
-    if not callable(getattr(module, attr, None)):
-        raise ValueError(f"model {name!r}: {module_name} has no function {attr!r}")
+    _factory(name)
+
+
+def check_model(name: str, feature_shape: tuple[int, ...], num_classes: int) -> None:
+    """Raise ValueError (one line, naming the model) unless ``name`` builds a model that takes a
+    batch of samples shaped ``feature_shape`` and returns ``num_classes`` scores per sample.
+
+    Built-in models are checked by arithmetic (no torch); a user model is built once and run
+    forward on two zero samples, inside ``torch.random.fork_rng`` so the caller's random state
+    is left as it was."""
+    check_model_name(name)
+    num_features = math.prod(feature_shape)
+    if name in BUILTIN_MODELS:
+        if len(feature_shape) != 1:
+            raise ValueError(f"model {name!r} takes flat feature vectors; the data's samples have shape "
+                             f"{feature_shape} (flatten X to (samples, {num_features}))")
+        side = math.isqrt(num_features)
+        if name == "cnn" and side * side != num_features:
+            raise ValueError(f"model 'cnn' needs square images; {num_features} features is not a square")
+        return
+    import torch
+    factory = _factory(name)
+    with torch.random.fork_rng(devices=[]):
+        try:
+            model = factory(num_features, num_classes)
+        except Exception as exc:  # noqa: BLE001
+            raise ValueError(f"model {name!r}: {name}({num_features}, {num_classes}) raised "
+                             f"{_one_line(exc)}") from None
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"model {name!r} returned {type(model).__name__}, not a torch.nn.Module")
+        try:
+            with torch.no_grad():
+                out = model(torch.zeros((2, *feature_shape)))
+        except Exception as exc:  # noqa: BLE001
+            raise ValueError(f"model {name!r}: its input does not fit the data (samples of shape "
+                             f"{feature_shape}, {num_features} features): {_one_line(exc)}") from None
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"model {name!r}: output must be (batch, {num_classes}) class scores for the "
+                         f"data's {num_classes} classes; got {got} for a batch of 2")
 
 
 class FlatParams:
@@ -80,6 +145,7 @@ class FlatParams:
     """
 
     def __init__(self, module: nn.Module) -> None:
+        import torch
         self.params = [p for p in module.parameters() if p.requires_grad]
         total = sum(p.numel() for p in self.params)
         self.data = torch.empty(total)

@@ -66,7 +66,8 @@ class RunResult:
     """One run: its configuration, summary, per-step history and Chrome-trace spans.
 
     Attributes:
-        run_id: the run's identifier (its directory name under ``data/runs``).
+        run_id: the run's identifier, unique in its store (its directory's name unless the
+            store already holds a run of that name: see ``runtime.batch.run_id_for``).
         config: the :class:`~workbench.config.RunConfig` as a dict.
         summary: ``summary.json`` (None when the run failed before finishing).
         history: metrics as a DataFrame (see the module docstring).
@@ -74,6 +75,8 @@ class RunResult:
         status: one of ``running``, ``finished``, ``failed``, ``cancelled``.
         error: the failure (rank and traceback) for failed runs.
         run_dir: where the run's files are, if anywhere.
+        resumed_from: the run this one continues from a checkpoint (its run id, or its
+            directory when that run is not in the store), else None.
     """
 
     run_id: str
@@ -84,6 +87,7 @@ class RunResult:
     status: str = "finished"
     error: str | None = None
     run_dir: str | None = None
+    resumed_from: str | None = None
 
     @classmethod
     def from_run_dir(cls, run_dir: str | os.PathLike, run_id: str | None = None) -> "RunResult":

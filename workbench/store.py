@@ -6,7 +6,8 @@ Schema (``PRAGMA user_version`` = :data:`SCHEMA_VERSION`; a later version migrat
 
     runs     run_id PK, created (unix seconds), status (running/finished/failed/cancelled),
              algorithm, ranks, config JSON, summary JSON|NULL, error|NULL, run_dir|NULL,
-             sweep_id|NULL, sweep_key|NULL                          index (sweep_id, sweep_key)
+             sweep_id|NULL, sweep_key|NULL, resumed_from|NULL (version 2: the run a resumed run
+             continues)                                             index (sweep_id, sweep_key)
     metrics  (run_id -> runs ON DELETE CASCADE, seq) PK, kind, rank, step, t (seconds),
              record JSON                                            one row per metric record
     traces   run_id PK -> runs ON DELETE CASCADE, events JSON       Chrome-trace spans (us)
@@ -26,6 +27,11 @@ Why this shape:
   and loading it cannot execute code. ``kind``/``rank``/``step``/``t`` are also plain columns
   so SQL can filter metrics (time to accuracy) without parsing every record.
 - ``sweep_id`` is not a foreign key: a run may name a sweep registered in another store file.
+- A finished (or cancelled) run's row is never overwritten by :meth:`Store.start_run` or
+  :meth:`Store.fail`: a resumed run is a new run whose ``resumed_from`` names the old one.
+  (:meth:`Store.add` still replaces a whole run on purpose: importing a run directory again.)
+- A new store file is created ``0600`` (SQLite gives its ``-wal``/``-shm`` files the same mode)
+  unless ``WORKBENCH_SHARED=1`` (:func:`workbench.config.shared_files`).
 """
 from __future__ import annotations
 
@@ -43,10 +49,10 @@ from typing import Any, Iterator
 
 import pandas as pd
 
-from .config import RunConfig
+from .config import RunConfig, shared_files
 from .results import STATUSES, RunResult, history_frame
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 BUSY_TIMEOUT_SECONDS = 60.0  # how long a writer waits for another's transaction to end
 
 _SCHEMA = [
@@ -54,7 +60,7 @@ _SCHEMA = [
         run_id TEXT PRIMARY KEY, created REAL NOT NULL,
         status TEXT NOT NULL CHECK (status IN ({", ".join(repr(s) for s in STATUSES)})),
         algorithm TEXT, ranks INTEGER, config TEXT NOT NULL, summary TEXT, error TEXT,
-        run_dir TEXT, sweep_id TEXT, sweep_key TEXT)""",
+        run_dir TEXT, sweep_id TEXT, sweep_key TEXT, resumed_from TEXT)""",
     "CREATE INDEX IF NOT EXISTS runs_by_sweep ON runs (sweep_id, sweep_key)",
     """CREATE TABLE IF NOT EXISTS metrics (
         run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE, seq INTEGER NOT NULL,
@@ -72,9 +78,12 @@ SUMMARY_COLUMNS = ["final_test_accuracy", "final_loss", "wall_seconds", "comm_fr
                    "bytes_sent"]
 #: The columns of :meth:`Store.runs` before the flattened config fields.
 RUN_COLUMNS = ["run_id", "created", "status", "algorithm", "ranks", *SUMMARY_COLUMNS, "time_to_target",
-               "error", "sweep_id", "sweep_key", "run_dir"]
+               "error", "sweep_id", "sweep_key", "run_dir", "resumed_from"]
 _INT_COLUMNS = ("ranks", "steps", "bytes_sent")
 _FLOAT_COLUMNS = ("final_test_accuracy", "final_loss", "wall_seconds", "comm_fraction", "time_to_target")
+#: Statements that bring a file of version ``v`` (the key) to ``v + 1``.
+_MIGRATIONS = {1: ["ALTER TABLE runs ADD COLUMN resumed_from TEXT"]}
+_DONE = ("finished", "cancelled")  # rows that hold a run's outcome: never overwritten
 _METRIC_ROW = "INSERT INTO metrics (run_id, seq, kind, rank, step, t, record) VALUES (?, ?, ?, ?, ?, ?, ?)"
 
 
@@ -139,6 +148,8 @@ class Store:
         if self.path.is_dir():
             raise IsADirectoryError(f"results store: {self.path} is a directory; give a file path")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not shared_files() and not self.path.exists():  # created owner-only before sqlite opens it
+            os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
         with self._read() as conn:  # persistent in the file; only its first opener changes it
             if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
                 conn.execute("PRAGMA journal_mode = WAL")
@@ -147,9 +158,14 @@ class Store:
             if version > SCHEMA_VERSION:
                 raise RuntimeError(f"results store {self.path} has schema version {version}; this "
                                    f"workbench reads up to {SCHEMA_VERSION}: upgrade workbench")
-            if version < SCHEMA_VERSION:  # 0: a new file (migrations from 1 go here)
+            if version == 0:  # a new file
                 for statement in _SCHEMA:
                     conn.execute(statement)
+            elif version < SCHEMA_VERSION:  # an older file: migrate step by step, in this transaction
+                for step in range(version, SCHEMA_VERSION):
+                    for statement in _MIGRATIONS[step]:
+                        conn.execute(statement)
+            if version < SCHEMA_VERSION:
                 conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     # -- connections -----------------------------------------------------------------------
@@ -185,22 +201,31 @@ class Store:
 
     # -- writing runs ----------------------------------------------------------------------
     def start_run(self, run_id: str, config: dict, run_dir: str | os.PathLike | None = None,
-                  sweep_id: str | None = None, sweep_key: str | None = None) -> None:
+                  sweep_id: str | None = None, sweep_key: str | None = None,
+                  resumed_from: str | None = None) -> None:
         """Record a run as ``running`` before it starts, so a crash still leaves its row.
 
-        Starting an id that is already stored (a resumed run) resets its status, summary and
-        error and keeps its creation time and metrics.
+        ``resumed_from``: the run (id, or directory) this one continues from a checkpoint.
+        Starting an id whose row is ``running`` or ``failed`` (a retry under the same id) resets
+        its status and error and keeps its creation time, metrics and link. Starting an id whose
+        run finished or was cancelled raises ValueError: that row is never overwritten (pick a
+        new id: :func:`workbench.runtime.batch.run_id_for`).
         """
         values = (time.time(), config.get("algorithm"), _plain(config.get("ranks")), _dumps(config),
-                  None if run_dir is None else os.fspath(run_dir), sweep_id, sweep_key, run_id)
+                  None if run_dir is None else os.fspath(run_dir), sweep_id, sweep_key, resumed_from, run_id)
         with self._write() as conn:
-            if self._row(conn, run_id) is None:
+            row = self._row(conn, run_id, "status")
+            if row is None:
                 conn.execute("INSERT INTO runs (created, status, algorithm, ranks, config, run_dir, sweep_id, "
-                             "sweep_key, run_id) VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?)", values)
+                             "sweep_key, resumed_from, run_id) VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?)", values)
+            elif row[0] in _DONE:
+                raise ValueError(f"run {run_id!r} is already {row[0]} in the store {self.path}; its row is kept: "
+                                 f"start the new run under another id")
             else:
                 conn.execute("UPDATE runs SET status = 'running', summary = NULL, error = NULL, algorithm = ?, "
                              "ranks = ?, config = ?, run_dir = COALESCE(?, run_dir), sweep_id = COALESCE(?, "
-                             "sweep_id), sweep_key = COALESCE(?, sweep_key) WHERE run_id = ?", values[1:])
+                             "sweep_id), sweep_key = COALESCE(?, sweep_key), resumed_from = COALESCE(?, "
+                             "resumed_from) WHERE run_id = ?", values[1:])
 
     def append_metrics(self, run_id: str, records: list[dict]) -> None:
         """Append live metric records (dicts as in ``metrics.jsonl``) to a stored run."""
@@ -230,21 +255,24 @@ class Store:
         if result.status not in STATUSES:
             raise ValueError(f"status must be one of {', '.join(STATUSES)}; got {result.status!r}")
         records = _history_records(result.history)
+        resumed_from = getattr(result, "resumed_from", None)
         config_file = Path(result.run_dir, "config.json") if result.run_dir else None
         created = config_file.stat().st_mtime if config_file and config_file.exists() else time.time()
         with self._write() as conn:
-            old = self._row(conn, result.run_id, "created, sweep_id, sweep_key")
+            old = self._row(conn, result.run_id, "created, sweep_id, sweep_key, resumed_from")
             if old is not None:
                 created, sweep_id, sweep_key = old[0], sweep_id or old[1], sweep_key or old[2]
+                resumed_from = resumed_from or old[3]
             conn.execute("INSERT INTO runs (run_id, created, status, algorithm, ranks, config, summary, error, "
-                         "run_dir, sweep_id, sweep_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                         "run_dir, sweep_id, sweep_key, resumed_from) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
                          "ON CONFLICT (run_id) DO UPDATE SET created = excluded.created, status = excluded.status, "
                          "algorithm = excluded.algorithm, ranks = excluded.ranks, config = excluded.config, "
                          "summary = excluded.summary, error = excluded.error, run_dir = excluded.run_dir, "
-                         "sweep_id = excluded.sweep_id, sweep_key = excluded.sweep_key",
+                         "sweep_id = excluded.sweep_id, sweep_key = excluded.sweep_key, "
+                         "resumed_from = excluded.resumed_from",
                          (result.run_id, created, result.status, result.config.get("algorithm"),
                           _plain(result.config.get("ranks")), _dumps(result.config), _dumps(result.summary),
-                          result.error, result.run_dir, sweep_id, sweep_key))
+                          result.error, result.run_dir, sweep_id, sweep_key, resumed_from))
             if records or not keep_live_data:
                 conn.execute("DELETE FROM metrics WHERE run_id = ?", (result.run_id,))
                 conn.executemany(_METRIC_ROW, _metric_rows(result.run_id, 0, records))
@@ -258,13 +286,32 @@ class Store:
         return self.add(RunResult.from_run_dir(run_dir, run_id), **kw)
 
     def fail(self, run_id: str, error: str, status: str = "failed") -> None:
-        """Mark a stored run ``failed`` (or ``cancelled``) with its error; all else stays."""
+        """Mark a stored run ``failed`` (or ``cancelled``) with its error; all else stays.
+        A run that already finished keeps its row: ValueError."""
         if status not in ("failed", "cancelled"):
             raise ValueError(f"status must be 'failed' or 'cancelled'; got {status!r}")
         with self._write() as conn:
-            if conn.execute("UPDATE runs SET status = ?, error = ? WHERE run_id = ?",
-                            (status, error, run_id)).rowcount == 0:
+            row = self._row(conn, run_id, "status")
+            if row is None:
                 raise _unknown(run_id, self.path)
+            if row[0] == "finished":
+                raise ValueError(f"run {run_id!r} already finished in the store {self.path}; its row is kept "
+                                 f"(not marked {status})")
+            conn.execute("UPDATE runs SET status = ?, error = ? WHERE run_id = ?", (status, error, run_id))
+
+    def __contains__(self, run_id: object) -> bool:
+        """``run_id in store``: whether a run of that id is stored."""
+        if not isinstance(run_id, str):
+            return False
+        with self._read() as conn:
+            return self._row(conn, run_id) is not None
+
+    def run_id_of(self, run_dir: str | os.PathLike) -> str | None:
+        """The id of the newest stored run whose directory is ``run_dir`` (resolved), or None."""
+        with self._read() as conn:
+            row = conn.execute("SELECT run_id FROM runs WHERE run_dir = ? ORDER BY created DESC LIMIT 1",
+                               (str(Path(run_dir).resolve()),)).fetchone()
+        return None if row is None else row[0]
 
     def delete(self, run_id: str) -> None:
         """Remove a run with its metrics and trace (not its run directory)."""
@@ -277,15 +324,16 @@ class Store:
         """The stored run as a :class:`RunResult`; ``KeyError`` naming the id if there is none."""
         with self._read() as conn:
             conn.execute("BEGIN")  # one snapshot for the three reads
-            row = self._row(conn, run_id, "config, summary, status, error, run_dir")
+            row = self._row(conn, run_id, "config, summary, status, error, run_dir, resumed_from")
             if row is None:
                 raise _unknown(run_id, self.path)
             metrics = conn.execute("SELECT record FROM metrics WHERE run_id = ? ORDER BY seq", (run_id,)).fetchall()
             trace = conn.execute("SELECT events FROM traces WHERE run_id = ?", (run_id,)).fetchone()
-        config, summary, status, error, run_dir = row
+        config, summary, status, error, run_dir, resumed_from = row
         return RunResult(run_id=run_id, config=json.loads(config), summary=_loads(summary),
                          history=history_frame([json.loads(m) for (m,) in metrics]),
-                         trace=json.loads(trace[0]) if trace else [], status=status, error=error, run_dir=run_dir)
+                         trace=json.loads(trace[0]) if trace else [], status=status, error=error, run_dir=run_dir,
+                         resumed_from=resumed_from)
 
     def runs(self, algorithm: str | None = None, status: str | None = None, sweep_id: str | None = None,
              target_accuracy: float | None = None) -> pd.DataFrame:
@@ -307,7 +355,7 @@ class Store:
         with self._read() as conn:
             conn.execute("BEGIN")
             rows = conn.execute("SELECT run_id, created, status, algorithm, ranks, summary, error, sweep_id, "
-                                f"sweep_key, run_dir, config FROM runs{condition} ORDER BY created DESC, run_id DESC",
+                                f"sweep_key, run_dir, resumed_from, config FROM runs{condition} ORDER BY created DESC, run_id DESC",
                                 args).fetchall()
             reached = {} if target_accuracy is None else dict(conn.execute(
                 "SELECT run_id, MIN(t) FROM metrics WHERE kind = 'eval' AND "
@@ -316,12 +364,12 @@ class Store:
                 [target_accuracy, *args]).fetchall())
         config_columns = {_config_column(f.name): None for f in dataclasses.fields(RunConfig) if f.name != "extra"}
         records = []
-        for run_id, created, st, algo, ranks, summary, error, sid, key, run_dir, config in rows:
+        for run_id, created, st, algo, ranks, summary, error, sid, key, run_dir, resumed, config in rows:
             summary = _loads(summary) or {}
             record = {"run_id": run_id, "created": datetime.fromtimestamp(created), "status": st,
                       "algorithm": algo, "ranks": ranks, **{k: summary.get(k) for k in SUMMARY_COLUMNS},
                       "time_to_target": reached.get(run_id), "error": error, "sweep_id": sid, "sweep_key": key,
-                      "run_dir": run_dir}
+                      "run_dir": run_dir, "resumed_from": resumed}
             for name, value in _flatten(json.loads(config)).items():
                 record[_config_column(name)] = value
                 config_columns.setdefault(_config_column(name))

@@ -14,6 +14,11 @@ finished in the store, and retries the failed ones.
 Defaults follow the grid: ``lr``, ``momentum`` and ``rho`` left at the base algorithm's defaults
 are re-derived for each grid point's algorithm (each algorithm's own default learning rate, and
 ``rho = 0.9 / (workers * lr)``), unless the grid or the base sets them explicitly.
+
+Options are shared by the grid's algorithms: a point whose algorithm ignores one (``tau`` on
+sync-sgd, ``rho`` on the SGD baselines, ``collective`` on the master-based algorithms; see
+:func:`~workbench.config.ignored_options`) runs without it, with one warning per sweep, where a
+single ``RunConfig`` would refuse it.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from .config import DEFAULTS, ConfigError, RunConfig
+from .config import DEFAULTS, ConfigError, RunConfig, without_ignored
 from .results import RunResult
 
 DERIVED = ("lr", "momentum", "rho")
@@ -78,11 +83,13 @@ class Sweep:
         self.current_run = None
 
     def _points(self) -> list[tuple[str, RunConfig]]:
-        points = []
+        points, dropped = [], {}
         keys = list(self.grid)
         for combo in itertools.product(*(self.grid[k] for k in keys)):
             for seed in self.seeds:
-                values = {**self.base, **dict(zip(keys, combo)), "seed": seed}
+                values, ignored = without_ignored({**self.base, **dict(zip(keys, combo)), "seed": seed})
+                for name in ignored:
+                    dropped.setdefault(values.get("algorithm"), set()).add(name)
                 where = ", ".join(f"{k}={v!r}" for k, v in zip(keys, combo))
                 try:
                     cfg = RunConfig(**values)
@@ -90,6 +97,10 @@ class Sweep:
                     raise ConfigError(f"sweep point {where}, seed={seed}: {exc}") from None
                 key = json.dumps({**dict(zip(keys, combo)), "seed": seed}, sort_keys=True)
                 points.append((key, cfg))
+        if dropped:
+            import warnings
+            warnings.warn("sweep: " + "; ".join(f"{a} ignores {', '.join(sorted(n))}: its points run without it"
+                                                for a, n in dropped.items()), stacklevel=3)
         return points
 
     def __len__(self) -> int:

@@ -16,7 +16,8 @@ from mpi4py import MPI
 
 from workbench.collectives import (SUPPORTED_DTYPES, UnsupportedDtypeError, algorithm_names,
                                    allreduce, schedules)
-from workbench.collectives.tuning import _TUNERS, Tuner, bucket_of, tuner_for
+from workbench.collectives.executor import private_comm
+from workbench.collectives.tuning import _TUNER, Tuner, bucket_of, tuner_for
 from workbench.runtime.telemetry import Telemetry, recording
 
 torch.set_num_threads(1)
@@ -154,7 +155,7 @@ def test_auto_decides_the_same_on_every_rank_and_persists():
     buf = np.ones(3000, np.float32)
     allreduce(buf, WORLD, "auto")
     if WORLD.Get_size() == 1:  # nothing to choose on one rank: no tuner, no measurement
-        assert WORLD.py2f() not in _TUNERS and (buf == 1).all()
+        assert WORLD.Get_attr(_TUNER) is None and (buf == 1).all()
         return
     key = f"float32:{bucket_of(buf.nbytes)}"
     table = tuner_for(WORLD).table
@@ -167,3 +168,23 @@ def test_auto_decides_the_same_on_every_rank_and_persists():
         assert os.path.exists(path)
     again = Tuner(WORLD)  # a new process would build this: it must not measure again
     assert again.table[key]["algorithm"] == choices[0]
+
+
+def test_state_cached_on_a_communicator_dies_with_it():
+    """Issue 11: the executor's duplicate and the tuning table were cached by handle, and MPI hands
+    a freed communicator's handle to the next one: a run on 4 ranks after one on 2 found the
+    2-rank duplicate ("Invalid rank"), and ``auto`` found a tuner whose communicator was freed."""
+    rank, size = WORLD.Get_rank(), WORLD.Get_size()
+    for i, members in enumerate([2, size, 1, max(size - 1, 1), size, 2]):
+        members = min(members, size)
+        comm = WORLD.Split(0 if rank < members else MPI.UNDEFINED, rank)
+        if comm == MPI.COMM_NULL:
+            continue
+        assert private_comm(comm).Get_size() == members
+        for algorithm, length in (("ring", 1001), ("auto", 1001), ("auto", 3000 + i), ("halving_doubling", 77)):
+            buf = np.full(length, comm.Get_rank() + 1, np.float32)
+            allreduce(buf, comm, algorithm)
+            assert (buf == members * (members + 1) / 2).all(), (i, members, algorithm)
+        if members > 1:
+            assert tuner_for(comm).comm is comm
+        comm.Free()

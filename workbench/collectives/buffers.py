@@ -17,8 +17,7 @@ try:  # torch is a dependency, but the collectives also work without it
 except ImportError:  # pragma: no cover - exercised only where torch is absent
     torch = None
 
-#: dtypes the collectives accept, by their numpy/torch names.
-SUPPORTED_DTYPES = ("float64", "float32", "float16", "bfloat16", "int64", "int32")
+from .names import SUPPORTED_DTYPES
 
 
 _NUMPY_NAMES = {np.dtype(n): n for n in SUPPORTED_DTYPES if n != "bfloat16"}

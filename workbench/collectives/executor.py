@@ -22,19 +22,47 @@ from mpi4py import MPI
 from .buffers import FlatBuffer
 from .schedule import Schedule, chunk_bounds
 
-_COMMS: dict[int, MPI.Comm] = {}
+def _free_inner(comm: MPI.Comm, keyval: int, inner) -> None:
+    """MPI calls this when a communicator carrying state is freed: free what the state holds."""
+    free = getattr(inner, "free", None) or getattr(inner, "Free", None)
+    if free is not None:
+        try:
+            free()
+        except Exception:  # noqa: BLE001 - MPI_Finalize may already be tearing things down
+            pass
+
+
+def state_key() -> int:
+    """A new MPI attribute key whose values are freed with their communicator.
+
+    Per-communicator state (the executor's private duplicate, the ``auto`` tuning table) is cached
+    *on* the communicator with ``Set_attr`` rather than in a dict keyed by its handle: MPI reuses
+    a freed communicator's handle for the next ``Split``/``Dup``, so a dict would hand a later
+    run the earlier run's (freed, differently sized) state. Attributes die with their
+    communicator; MPI calls :func:`_free_inner` then.
+    """
+    return MPI.Comm.Create_keyval(delete_fn=_free_inner)
+
+
+def cached_on(comm: MPI.Comm, key: int, create):
+    """The state cached on ``comm`` under ``key``, made by ``create(comm)`` on first use."""
+    value = comm.Get_attr(key)
+    if value is None:
+        value = create(comm)
+        comm.Set_attr(key, value)
+    return value
+
+
+_PRIVATE = state_key()
 
 
 def private_comm(comm: MPI.Comm) -> MPI.Comm:
     """A duplicate of ``comm`` reserved for the executor (collective on first use).
 
-    Our point-to-point messages then never match a user's messages on ``comm``.
+    Our point-to-point messages then never match a user's messages on ``comm``. The duplicate
+    lives as long as ``comm`` and is freed with it (an MPI attribute, see :func:`state_key`).
     """
-    key = comm.py2f()
-    dup = _COMMS.get(key)
-    if dup is None:
-        dup = _COMMS[key] = comm.Dup()
-    return dup
+    return cached_on(comm, _PRIVATE, MPI.Comm.Dup)
 
 
 @dataclass(frozen=True)

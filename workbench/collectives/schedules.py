@@ -238,4 +238,12 @@ ALGORITHMS: dict[str, Callable[[int], Schedule]] = {
     "double_binary_tree": double_binary_tree,
     "linear": linear,
 }
-from .multitree import multitree, ring_2d  # noqa: E402,F401 - topology-aware schedules
+
+
+def __getattr__(name: str):
+    """``multitree`` and ``ring_2d`` (topology-aware schedules) load networkx on first use, so
+    checking an algorithm name stays cheap in the notebook kernel and the CLI."""
+    if name in ("multitree", "ring_2d"):
+        from . import multitree as module
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

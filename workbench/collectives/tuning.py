@@ -26,6 +26,7 @@ from mpi4py import MPI
 
 from . import schedules
 from .buffers import FlatBuffer
+from .executor import cached_on, state_key
 
 #: A schedule must take less than MARGIN x native's time to be chosen over native.
 MARGIN = 0.9
@@ -109,7 +110,7 @@ class Tuner:
         and each candidate's score is its median round. Every rank sees the same numbers and
         so reaches the same decision.
         """
-        from .allreduce import NATIVE, run_algorithm  # late: allreduce imports this module
+        from .mpi_allreduce import NATIVE, run_algorithm  # late: mpi_allreduce imports this module
 
         scratch = _scratch(nbytes, dtype_name)  # zeros: repeated sums never overflow
         names = [NATIVE, *schedules.ALGORITHMS]
@@ -150,18 +151,10 @@ def _scratch(nbytes: int, dtype_name: str) -> FlatBuffer:
     return FlatBuffer(np.zeros(nbytes // dtype.itemsize, dtype=dtype))
 
 
-_TUNERS: dict[int, Tuner] = {}
-_last: tuple[MPI.Comm | None, Tuner | None] = (None, None)
+_TUNER = state_key()
 
 
 def tuner_for(comm: MPI.Comm) -> Tuner:
-    """The :class:`Tuner` of ``comm``, created (collectively) on first use."""
-    global _last
-    if _last[0] is comm:  # the common case: the same communicator as last time
-        return _last[1]
-    key = comm.py2f()
-    tuner = _TUNERS.get(key)
-    if tuner is None:
-        tuner = _TUNERS[key] = Tuner(comm)
-    _last = (comm, tuner)
-    return tuner
+    """The :class:`Tuner` of ``comm``, created (collectively) on first use and dropped when
+    ``comm`` is freed (an MPI attribute: see :func:`executor.state_key`)."""
+    return cached_on(comm, _TUNER, Tuner)

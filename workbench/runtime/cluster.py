@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import sys
@@ -37,7 +38,7 @@ from typing import Any
 import psutil
 
 from ..config import ConfigError, RunConfig
-from .launcher import RANK_ENV, find_mpiexec, remove_orphaned_shm
+from .launcher import GUARD, RANK_ENV, describe_end, find_mpiexec, rank_records, remove_orphaned_shm
 
 #: engine launchers that start MPI ranks (name -> ipyparallel launcher class prefix)
 CLUSTER_ID_ENV = "WORKBENCH_CLUSTER_ID"
@@ -48,6 +49,11 @@ LAUNCHERS = {"mpi": "MPI", "slurm": "Slurm", "pbs": "PBS", "sge": "SGE", "lsf": 
 def state_dir() -> Path:
     """Where clusters are recorded: ``$WORKBENCH_STATE_DIR`` or ``~/.cache/workbench``."""
     return Path(os.environ.get("WORKBENCH_STATE_DIR", Path.home() / ".cache" / "workbench"))
+
+
+def _exit_dir(cluster_id: str) -> Path:
+    """Where the guards of a cluster's engines record how each engine ended."""
+    return state_dir() / "exits" / cluster_id
 
 
 def _owner_alive(record: dict) -> bool:
@@ -111,13 +117,25 @@ def cleanup_stale_clusters() -> list[str]:
         if _owner_alive(record):
             continue
         _kill(_processes_of(record["cluster_id"]))
-        if record.get("cluster_file"):
-            Path(record["cluster_file"]).unlink(missing_ok=True)
+        _remove_files_of(record["cluster_id"], record.get("cluster_file"))
         path.unlink(missing_ok=True)
         stopped.append(record["cluster_id"])
     if stopped:
         remove_orphaned_shm()
     return stopped
+
+
+def _remove_files_of(cluster_id: str, cluster_file: str | None) -> None:
+    """Everything a cluster leaves in the state folder: ipyparallel's cluster file, the
+    controller's connection files (they hold the keys to the cluster), logs, exit records."""
+    profile = state_dir() / "ipython"
+    paths = [*(profile / "security").glob(f"ipcontroller-{cluster_id}-*.json"),
+             *(profile / "log").glob(f"*{cluster_id}*"), *(profile / "pid").glob(f"*{cluster_id}*")]
+    if cluster_file:
+        paths.append(Path(cluster_file))
+    for path in paths:
+        path.unlink(missing_ok=True)
+    shutil.rmtree(_exit_dir(cluster_id), ignore_errors=True)
 
 
 def _slurm_launcher():
@@ -175,6 +193,7 @@ class Cluster:
         self.ranks: dict[int, int] = {}  # engine id -> MPI rank
         self.engine_ids: list[int] = []
         self.pids: dict[int, int] = {}
+        self.hosts: dict[int, str] = {}
         self.active_run = None
         self.engines_need_restart = False
 
@@ -196,6 +215,9 @@ class Cluster:
         if self.engines == "mpi":
             config.MPIEngineSetLauncher.mpi_cmd = [find_mpiexec()]
             config.MPIEngineSetLauncher.mpi_args = s["mpi_args"]
+            # each engine under the rank guard, which records how it ended (see runtime.rankguard)
+            config.MPIEngineSetLauncher.engine_cmd = [sys.executable, "-I", str(GUARD), str(_exit_dir(cluster_id)),
+                                                      sys.executable, "-m", "ipyparallel.engine"]
         else:
             config[engine_launcher].engine_args = ["--mpi"]  # engine id order = MPI rank order
             for trait in ("account", "queue", "timelimit"):
@@ -236,6 +258,7 @@ class Cluster:
             return self
         cleanup_stale_clusters()
         self._ipp = self._ipp_cluster()
+        _exit_dir(self._ipp.cluster_id).mkdir(parents=True, exist_ok=True, mode=0o700)
         self._ipp.start_controller_sync()
         self._record()
         try:
@@ -271,17 +294,21 @@ class Cluster:
         # execute + pull of plain code: a function defined in this package would be pickled
         # with a reference to its module, and unpickling it imports workbench (and torch, ~2 s)
         view = self.client[self.engine_ids]
-        view.execute("import os; from mpi4py import MPI as _wb_MPI; "
-                     "_wb_rank = _wb_MPI.COMM_WORLD.Get_rank(); _wb_pid = os.getpid()", block=False)
-        pending = view.pull(("_wb_rank", "_wb_pid"), block=False)
+        view.execute("import os, socket; from mpi4py import MPI as _wb_MPI; "
+                     "_wb_rank = _wb_MPI.COMM_WORLD.Get_rank(); _wb_pid = os.getpid(); "
+                     "_wb_host = socket.gethostname()", block=False)
+        pending = view.pull(("_wb_rank", "_wb_pid", "_wb_host"), block=False)
         deadline = time.monotonic() + self.start_timeout
         while not pending.ready():  # get(timeout=...) waits in whole seconds: poll instead
             if time.monotonic() > deadline:
                 raise TimeoutError(f"engines did not answer within {self.start_timeout:g} s (start_timeout)")
             time.sleep(0.005)
-        ranks, pids = zip(*pending.get())
+        ranks, pids, hosts = zip(*pending.get())
         self.ranks = dict(zip(view.targets, ranks))
         self.pids = dict(zip(ranks, pids))  # rank -> engine process id
+        self.hosts = dict(zip(ranks, hosts))  # rank -> host name
+        for old in _exit_dir(self._ipp.cluster_id).glob("*.status"):  # ends of replaced engines
+            old.unlink(missing_ok=True)
         if sorted(ranks) != list(range(self.n)):
             raise RuntimeError(f"engines are not one MPI job: ranks {sorted(ranks)}; "
                                "start them with --mpi under one mpiexec/srun")
@@ -301,6 +328,16 @@ class Cluster:
             except psutil.NoSuchProcess:
                 dead.append(rank)
         return dead
+
+    def exits(self) -> list[dict]:
+        """How this cluster's engines that ended did, the first to end first, as recorded by each
+        engine's guard (:mod:`workbench.runtime.rankguard`): dicts with ``rank``, ``pid``, ``host``,
+        ``signal`` or ``exit_code``, ``time`` (unix seconds) and ``how`` (words). Local engines only."""
+        if self._ipp is None or self.engines != "mpi":
+            return []
+        current = set(self.pids.values())
+        _, ends = rank_records(_exit_dir(self._ipp.cluster_id))
+        return [{**end, "how": describe_end(end)} for end in ends if end.get("pid") in current]
 
     def healthy(self) -> bool:
         """All of this cluster's engines are registered and none needs replacing."""
@@ -350,7 +387,7 @@ class Cluster:
         finally:
             _kill(_processes_of(self._ipp.cluster_id))  # anything that did not stop
             self._record_path().unlink(missing_ok=True)
-            Path(self._ipp.cluster_file).unlink(missing_ok=True)
+            _remove_files_of(self._ipp.cluster_id, self._ipp.cluster_file)
             remove_orphaned_shm()
             self._ipp, self.client, self.ranks, self.engine_ids = None, None, {}, []
 

@@ -19,10 +19,8 @@ from mpi4py import MPI
 from .. import data as data_mod
 from .. import models
 from ..config import RunConfig
+from .rundir import CANCEL_FILE
 from .telemetry import Telemetry
-
-
-CANCEL_FILE = "CANCEL"
 
 
 class TrainingError(RuntimeError):

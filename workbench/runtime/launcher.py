@@ -3,11 +3,15 @@
 Ranks run ``python -m mpi4py ...`` so that an uncaught exception in any rank calls
 ``MPI_Abort`` and brings the whole job down instead of leaving the others waiting. Each
 rank's output is captured separately so a failure can be reported as "rank R failed" with
-that rank's traceback. Every launch has a timeout, after which the whole process group
-is killed.
+that rank's traceback. Each rank runs under a small guard process (:mod:`.rankguard`) that
+records how it ended, so the rank whose process died first is the one named, with its signal
+or exit code. Every launch has a timeout, after which every process of the job is killed;
+SIGINT, SIGTERM and SIGHUP stop the job (cooperatively first) and raise :class:`RunInterrupted`.
 """
 from __future__ import annotations
 
+import codecs
+import json
 import os
 import re
 import shutil
@@ -15,20 +19,26 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 #: Environment for every rank: one thread each. Two threads per rank on 2 cores made 4 ranks
 #: about 50x slower on the development machine.
 RANK_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
+#: the parent of every rank, which records how the rank ended (run by path: no package import)
+GUARD = Path(__file__).with_name("rankguard.py")
+
 
 class MPILaunchError(RuntimeError):
     """mpiexec failed, a rank raised, or the job ran past its timeout.
 
-    Attributes: ``failed_ranks`` (ranks that printed a traceback), ``output`` (all output).
+    Attributes: ``failed_ranks`` (the rank whose process ended first, when known: killed by a
+    signal, exited, or raised; else the ranks that printed a traceback), ``output`` (all output).
     """
 
     def __init__(self, message: str, failed_ranks: list[int], output: str) -> None:
@@ -75,13 +85,15 @@ def _is_hydra(mpiexec: str) -> bool:
 
 
 def mpiexec_command(nranks: int, python_args: Sequence[str], *,
-                    output_dir: str | os.PathLike | None = None) -> list[str]:
+                    output_dir: str | os.PathLike | None = None,
+                    guard_dir: str | os.PathLike | None = None) -> list[str]:
     """The argv that runs ``python -m mpi4py <python_args>`` on ``nranks`` ranks.
 
     With ``output_dir``, each rank's stdout and stderr go to ``output_dir/rank<R>.out`` and
     ``.err`` (hydra's ``-outfile-pattern``; exact text, unlike ``-prepend-rank``, which tags
     per chunk read and can split a traceback mid-word), or are tagged with the rank
-    (Open MPI's ``--tag-output``).
+    (Open MPI's ``--tag-output``). With ``guard_dir``, each rank runs under
+    :mod:`~workbench.runtime.rankguard`, which writes there how it ended.
     """
     if not isinstance(nranks, int) or isinstance(nranks, bool) or nranks < 1:
         raise ValueError(f"nranks must be an integer >= 1, got {nranks!r}")
@@ -93,6 +105,8 @@ def mpiexec_command(nranks: int, python_args: Sequence[str], *,
                     "-errfile-pattern", f"{output_dir}/rank%r.err"]
         else:
             cmd.append("--tag-output")
+    if guard_dir is not None:
+        cmd += [sys.executable, "-I", str(GUARD), str(guard_dir)]
     return cmd + [sys.executable, "-m", "mpi4py", *python_args]
 
 
@@ -111,6 +125,7 @@ class MPIResult:
 
 _TAG = re.compile(r"^\[(?:1,)?(\d+)\](?:<std(?:out|err)>)?:?\s?(.*)$")
 _MPICH_ABORT = re.compile(r"Abort\(\d+\) on node \d+ \(rank (\d+) in comm")
+_MPICH_ABORT_CODE = re.compile(r"Abort\((\d+)\) on node \d+ \(rank (\d+) in comm")
 
 
 def _collect(launcher_output: str, output_dir: Path, nranks: int) -> MPIResult:
@@ -140,54 +155,360 @@ def failed_ranks(result: MPIResult) -> list[int]:
 
 def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
             env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
-            stream: bool = False) -> MPIResult:
+            stream: bool = False, on_interrupt: Callable[[], object] | None = None,
+            grace: float = 10.0) -> MPIResult:
     """Run ``python -m mpi4py <python_args>`` on ``nranks`` ranks and wait (at most ``timeout`` s).
 
-    With ``stream=True`` output goes straight to this process's stdout/stderr (for the CLI);
-    otherwise each rank's output is captured and returned.
-    Raises :class:`MPILaunchError` naming the failed ranks, with their tracebacks, when the
-    job exits non-zero or times out; the whole process group is killed on timeout.
+    With ``stream=True`` output is also shown as it comes on this process's stdout/stderr (for
+    the CLI); it is captured per rank either way.
+    Raises :class:`MPILaunchError` when the job exits non-zero or times out: its message starts
+    with the rank whose process ended first and how (``rank 2 (pid 4242 on node7) was killed by
+    signal 9 (SIGKILL)``, or exited with a code, with that rank's traceback if it raised); every
+    process of the job is killed on timeout.
+
+    Called from the main thread, SIGINT, SIGTERM and SIGHUP stop the job instead of this process:
+    the first calls ``on_interrupt`` (a cooperative cancel, e.g. writing the run's ``CANCEL`` flag)
+    and gives the job ``grace`` seconds to end by itself; then, or at once without
+    ``on_interrupt`` or at a second signal, every process of the job is terminated (SIGTERM, then
+    SIGKILL 3 s later). Then :class:`RunInterrupted` is raised. No process, temporary folder or
+    orphaned ``/dev/shm`` segment of the job is left on any path.
     """
-    with tempfile.TemporaryDirectory(prefix="workbench-mpi-") as tmp:
-        cmd = mpiexec_command(nranks, python_args, output_dir=None if stream else tmp)
-        pipe = None if stream else subprocess.PIPE
-        proc = subprocess.Popen(cmd, stdout=pipe, stderr=subprocess.STDOUT if pipe else None,
-                                text=True, env=rank_environment(env), cwd=cwd,
-                                start_new_session=True)
-        timed_out = False
+    if not timeout > 0:  # NaN as well
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    with tempfile.TemporaryDirectory(prefix="workbench-mpi-", ignore_cleanup_errors=True) as tmp:
+        status_dir = Path(tmp) / "ranks"
+        status_dir.mkdir()
+        cmd = mpiexec_command(nranks, python_args, output_dir=tmp, guard_dir=status_dir)
+        job = _Job(cmd, rank_environment(env), cwd, stream, Path(tmp), status_dir)
         try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, _ = proc.communicate()
-            _wait_group_gone(proc.pid)  # ranks die after mpiexec; their segments with them
-            timed_out = True
-        result = _collect(out or "", Path(tmp), nranks)
-    result.returncode = proc.returncode
-    if timed_out or proc.returncode != 0:
+            outcome = job.wait(timeout, on_interrupt, grace)
+        finally:
+            job.stop(immediate=True)  # nothing of the job outlives this call, whatever happened
+            job.finish_output()
+        result = _collect(job.launcher_output(), Path(tmp), nranks)
+        starts, ends = rank_records(status_dir)
+    result.returncode = job.proc.returncode
+    if outcome != "exited" or result.returncode != 0:
         remove_orphaned_shm()
-    ranks = failed_ranks(result)
-    if timed_out:
+    if job.signals:
+        how = "ended by itself" if outcome == "exited" else "was stopped"
+        raise RunInterrupted(job.signals[0], f"the MPI job on {nranks} ranks {how}")
+    if outcome == "timeout":
         raise MPILaunchError(
             f"MPI job on {nranks} ranks ran past its {timeout:g} s timeout and was killed: "
-            f"{' '.join(cmd)}\n{_tail(result.output)}", ranks, result.output)
-    if proc.returncode != 0:
-        who = f"rank(s) {', '.join(map(str, ranks))} failed" if ranks else "the job failed"
-        detail = "\n".join(_traceback_of(result, r) for r in ranks) or _tail(result.output)
-        raise MPILaunchError(f"MPI job on {nranks} ranks exited with code {proc.returncode}: "
-                             f"{who}\n{detail}", ranks, result.output)
+            f"{' '.join(cmd)}\n{_tail(result.output)}", failed_ranks(result), result.output)
+    if result.returncode != 0:
+        raise _failure(nranks, result, starts, ends)
     return result
 
 
-def _wait_group_gone(pgid: int, timeout: float = 10.0) -> None:
-    """Wait until no process of group ``pgid`` is left (SIGKILL is delivered asynchronously)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
+class RunInterrupted(KeyboardInterrupt):
+    """This process got SIGINT, SIGTERM or SIGHUP while an MPI job ran; the job has ended.
+
+    ``signum``: the first signal; ``exit_code``: the conventional ``128 + signum``.
+    A :class:`KeyboardInterrupt`, so ``except Exception`` does not swallow it.
+    """
+
+    def __init__(self, signum: int, detail: str = "") -> None:
+        self.signum = int(signum)
+        self.detail = detail
+        super().__init__(f"interrupted by {signal_name(self.signum)}" + (f"; {detail}" if detail else ""))
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+#: the signals that stop a job (and the command line that launched it)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def describe_end(record: dict) -> str:
+    """``was killed by signal 9 (SIGKILL)`` or ``exited with code 3`` for a rank's end record."""
+    if record.get("signal"):
+        return f"was killed by signal {record['signal']} ({signal_name(record['signal'])})"
+    return f"exited with code {record.get('exit_code')}"
+
+
+@contextmanager
+def handling_signals(handler: Callable[[int, object], object], signals: Sequence[int] = STOP_SIGNALS):
+    """Install ``handler`` for ``signals`` for the duration of the block, then put the previous
+    handlers back. Outside the main thread (where Python cannot set handlers) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {}
+    try:
+        for signum in signals:
+            previous[signum] = signal.signal(signum, handler)
+        yield
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old if old is not None else signal.SIG_DFL)
+
+
+@contextmanager
+def deferred_signals():
+    """SIGINT, SIGTERM and SIGHUP wait until the block is done (a store write is not cut in
+    half); then the first of them is raised as :class:`RunInterrupted`."""
+    got: list[int] = []
+    with handling_signals(lambda signum, frame: got.append(signum)):
+        yield
+    if got:
+        raise RunInterrupted(got[0])
+
+
+def raise_interrupted(signum: int, frame=None) -> None:
+    """A signal handler: SIGTERM and SIGHUP end the command like Ctrl-C does, as an exception."""
+    raise RunInterrupted(signum)
+
+
+class _Job:
+    """One ``mpiexec``: its output (captured, and echoed when streaming), the processes under it,
+    the signals this process got while it ran, and stopping all of it."""
+
+    POLL = 0.05  # seconds between two looks at the job
+    TERM_GRACE = 3.0  # seconds from SIGTERM to SIGKILL when stopping
+
+    def __init__(self, cmd: list[str], env: dict[str, str], cwd, stream: bool, tmp: Path,
+                 status_dir: Path) -> None:
+        self.stream, self.tmp, self.status_dir = stream, tmp, status_dir
+        self.signals: list[int] = []
+        self._chunks: list[str] = []
+        self._lock = threading.Lock()
+        self._echo_broken = False
+        self._offsets: dict[Path, int] = {}
+        self._decoders: dict[Path, object] = {}
+        self._known: dict[int, object] = {}  # pid -> psutil.Process of the job's processes
+        self._starts_seen = 0
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE if stream else subprocess.STDOUT,
+            encoding="utf-8", errors="replace", env=env, cwd=cwd, start_new_session=True)
+        pipes = [(self.proc.stdout, sys.stdout)] + ([(self.proc.stderr, sys.stderr)] if stream else [])
+        self._readers = [threading.Thread(target=self._pump, args=(pipe, echo), daemon=True)
+                         for pipe, echo in pipes]
+        for reader in self._readers:
+            reader.start()
+
+    # -- output ----------------------------------------------------------------------------
+    def _echo(self, stream, text: str) -> None:
+        if not self.stream or self._echo_broken or not text:
             return
-        time.sleep(0.05)
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):  # the terminal is gone (SIGHUP) or stdout was closed
+            self._echo_broken = True
+
+    def _pump(self, pipe, echo) -> None:
+        for line in pipe:
+            with self._lock:
+                self._chunks.append(line)
+                self._echo(echo, line)
+
+    def _follow(self, final: bool = False) -> None:
+        """Show what the ranks wrote to their output files since the last look."""
+        if not self.stream:
+            return
+        for path in sorted(self.tmp.glob("rank*.out")) + sorted(self.tmp.glob("rank*.err")):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self._offsets.get(path, 0))
+                    data = f.read()
+            except OSError:
+                continue
+            self._offsets[path] = self._offsets.get(path, 0) + len(data)
+            decoder = self._decoders.setdefault(path, codecs.getincrementaldecoder("utf-8")("replace"))
+            text = decoder.decode(data, final=final)
+            with self._lock:
+                self._echo(sys.stdout if path.suffix == ".out" else sys.stderr, text)
+
+    def finish_output(self) -> None:
+        for reader in self._readers:
+            reader.join(timeout=5)  # at EOF: every process that held mpiexec's output has ended
+        for pipe, reader in zip((self.proc.stdout, self.proc.stderr), self._readers):
+            if pipe is not None and not reader.is_alive():
+                pipe.close()
+        self._follow(final=True)
+
+    def launcher_output(self) -> str:
+        with self._lock:
+            return "".join(self._chunks)
+
+    # -- waiting ---------------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame) -> None:
+        self.signals.append(signum)
+
+    def wait(self, timeout: float, on_interrupt, grace: float) -> str:
+        """Wait until mpiexec ends: ``exited`` (by itself, after a signal or not), ``interrupted``
+        (stopped after a signal) or ``timeout`` (killed)."""
+        deadline = time.monotonic() + timeout
+        stop_at = None
+        with handling_signals(self._on_signal):
+            while self.proc.poll() is None:
+                now = time.monotonic()
+                if self.signals and stop_at is None:
+                    stop_at = now
+                    if on_interrupt is not None:
+                        try:
+                            on_interrupt()
+                            stop_at = now + max(0.0, grace)
+                        except Exception:  # noqa: BLE001 - cannot ask nicely: stop it
+                            pass
+                if stop_at is not None and (now >= stop_at or len(self.signals) > 1):
+                    self.stop(immediate=len(self.signals) > 1)
+                    return "interrupted"
+                if now >= deadline:
+                    self.stop(immediate=True)
+                    return "timeout"
+                self._remember_processes()
+                self._follow()
+                time.sleep(self.POLL)
+        return "exited"
+
+    def _remember_processes(self, force: bool = False) -> None:
+        """Note mpiexec's descendants (each rank runs in its own session, so a process group
+        does not hold them): looked at again whenever another rank has started."""
+        starts = len(list(self.status_dir.glob("*.start")))
+        if not force and starts == self._starts_seen and self._known:
+            return
+        self._starts_seen = starts
+        try:
+            import psutil
+            root = psutil.Process(self.proc.pid)
+            for p in [root, *root.children(recursive=True)]:
+                self._known.setdefault(p.pid, p)
+        except Exception:  # noqa: BLE001 - psutil missing, or mpiexec just ended
+            pass
+
+    def stop(self, immediate: bool = False) -> None:
+        """End every process of the job: SIGTERM (mpiexec passes it on, each rank's guard too),
+        SIGKILL after ``TERM_GRACE`` s, at once with ``immediate`` or when another signal comes."""
+        if self.proc.poll() is None:
+            self._remember_processes(force=True)
+        alive = [p for p in self._known.values() if _running(p)]
+        if not alive and self.proc.poll() is not None:
+            return
+        signals_before = len(self.signals)
+        if not immediate:
+            _send(alive, signal.SIGTERM, self.proc)
+            end = time.monotonic() + self.TERM_GRACE
+            while time.monotonic() < end and len(self.signals) == signals_before:
+                self.proc.poll()
+                alive = [p for p in alive if _running(p)]
+                if not alive and self.proc.poll() is not None:
+                    return
+                time.sleep(self.POLL)
+        _send([p for p in alive if _running(p)], signal.SIGKILL, self.proc)
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            self.proc.poll()  # reap mpiexec: a zombie would look alive
+            if self.proc.returncode is not None and not any(_running(p) for p in self._known.values()):
+                return
+            time.sleep(self.POLL)
+
+
+def _running(process) -> bool:
+    try:
+        import psutil
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except Exception:  # noqa: BLE001 - gone
+        return False
+
+
+def _send(processes, signum: int, proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signum)
+        except OSError:
+            pass
+    for p in processes:
+        try:
+            p.send_signal(signum)  # psutil checks that the pid was not reused
+        except Exception:  # noqa: BLE001 - it ended meanwhile
+            pass
+
+
+def rank_records(status_dir: Path) -> tuple[dict[int, dict], list[dict]]:
+    """The guards' records: each rank's start (pid, host) and how each rank ended, first first."""
+    starts, ends = {}, []
+    for path in status_dir.glob("rank*.*"):
+        if path.suffix not in (".start", ".status"):
+            continue
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if path.suffix == ".start":
+            starts[record["rank"]] = record
+        else:
+            ends.append(record)
+    return starts, sorted(ends, key=lambda r: r.get("time", 0))
+
+
+_HYDRA_BAD = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*\n=\s*EXIT CODE: (\d+)")
+_HYDRA_SIGNAL = re.compile(r"KILLED BY SIGNAL: (\d+)|\(signal (\d+)\)")
+
+
+def _first_death(result: MPIResult, starts: dict[int, dict], ends: list[dict]) -> dict | None:
+    """The record of the rank that ended badly first: from the guards, else (ranks on hosts that
+    could not write to this host's folder) from hydra's report when its PID is a known rank."""
+    bad = [e for e in ends if e.get("signal") or e.get("exit_code")]
+    if bad:
+        return bad[0]
+    m = _HYDRA_BAD.search(result.output)
+    if not m:
+        return None
+    pid, host, code = int(m.group(1)), m.group(2), int(m.group(3))
+    rank = next((r for r, s in starts.items() if pid in (s.get("pid"), s.get("guard_pid"))), None)
+    if rank is None:
+        return None
+    sig = _HYDRA_SIGNAL.search(result.output[m.start():])
+    record = {"rank": rank, "pid": pid, "host": host}
+    if sig:
+        record["signal"] = int(sig.group(1) or sig.group(2))
+    else:
+        record["exit_code"] = code
+    return record
+
+
+def _failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[dict]) -> MPILaunchError:
+    """The error for a job that exited non-zero, blaming the rank whose process ended first."""
+    head = f"MPI job on {nranks} ranks exited with code {result.returncode}"
+    traced = failed_ranks(result)
+    first = _first_death(result, starts, ends)
+    if first is None or not isinstance(first.get("rank"), int):
+        who = f"rank(s) {', '.join(map(str, traced))} failed" if traced else "the job failed"
+        detail = "\n".join(_traceback_of(result, r) for r in traced) or _tail(result.output)
+        # a rank that called MPI_Abort (mpi4py does on an uncaught exception) takes the others
+        # down with it, its guard included: MPICH's own line names it
+        aborted = {(int(m.group(2)), int(m.group(1))) for r in traced
+                   for m in [_MPICH_ABORT_CODE.search(result.ranks.get(r, ""))] if m}
+        if len(aborted) == 1:
+            [(rank, code)] = aborted
+            where = starts.get(rank, {})
+            pid = f" (pid {where['pid']} on {where.get('host')})" if "pid" in where else ""
+            head = f"rank {rank}{pid} raised an exception and called MPI_Abort with code {code}: {head}"
+        return MPILaunchError(f"{head}: {who}\n{detail}", traced, result.output)
+    rank = first["rank"]
+    blame = f"rank {rank} (pid {first.get('pid')} on {first.get('host')}) {describe_end(first)}"
+    if rank in traced:  # it raised: its traceback says why
+        return MPILaunchError(f"{blame}: {head}: rank(s) {rank} failed\n{_traceback_of(result, rank)}",
+                              [rank], result.output)
+    last_words = _tail("\n".join(result.lines_of(rank)), 20)
+    detail = f"\n--- rank {rank} ---\n{last_words}" if last_words.strip() else ""
+    return MPILaunchError(f"{blame}; {head} (the other ranks were stopped after it){detail}",
+                          [rank], result.output)
 
 
 def remove_orphaned_shm(shm_dir: str | os.PathLike = "/dev/shm") -> list[str]:

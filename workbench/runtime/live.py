@@ -8,10 +8,20 @@ metrics would be lost or would have to be re-sent cumulatively. ZeroMQ queues ev
 Records are batched on the rank and sent at most every ``FLUSH_SECONDS`` (a send costs
 ~10-20 us; one per step would show in the step time of a small model), so a record reaches the
 notebook within ``FLUSH_SECONDS`` plus one step.
+
+Only the run's own ranks can feed the stream: every run has a fresh 256-bit secret, handed to
+the ranks with the run's configuration over ipyparallel's own (authenticated) connection, and
+every message travels as two frames ``[HMAC-SHA256(secret, body), body]``. The notebook checks
+the MAC in constant time before it parses anything; a message that fails (another process
+connecting to the port, a truncated or oversized frame) is dropped and counted, never acted on.
+The secret itself never crosses the wire.
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import secrets
 import threading
 import time
 import traceback
@@ -22,13 +32,41 @@ import zmq
 from .telemetry import Observer
 
 FLUSH_SECONDS = 0.05
+#: the largest message the notebook accepts (bytes); larger ones are dropped by ZeroMQ
+MAX_MESSAGE_BYTES = 64 << 20
+
+
+def new_secret() -> str:
+    """A fresh per-run key (hex) for :func:`sign` / :func:`verify`."""
+    return secrets.token_hex(32)
+
+
+def sign(secret: str, body: bytes) -> bytes:
+    """The message authentication code of ``body`` under ``secret``."""
+    return hmac.new(bytes.fromhex(secret), body, hashlib.sha256).digest()
+
+
+def verify(secret: str, frames: list[bytes], run_id: str) -> dict | None:
+    """The message in ``frames`` if it is signed with ``secret`` and belongs to ``run_id``, else None."""
+    if len(frames) != 2:
+        return None
+    mac, body = frames
+    if not hmac.compare_digest(mac, sign(secret, body)):
+        return None
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or message.get("run_id") != run_id:
+        return None
+    return message
 
 
 class LiveSink(Observer):
     """Rank side: batch spans and metric records and push them to ``address``."""
 
-    def __init__(self, address: str, rank: int, run_id: str) -> None:
-        self.rank, self.run_id = rank, run_id
+    def __init__(self, address: str, rank: int, run_id: str, secret: str) -> None:
+        self.rank, self.run_id, self._secret = rank, run_id, secret
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(zmq.PUSH)
         self._socket.setsockopt(zmq.LINGER, 5000)  # close() waits this long for queued batches
@@ -65,7 +103,8 @@ class LiveSink(Observer):
 
     def _send(self, message: dict) -> None:
         message.update(rank=self.rank, run_id=self.run_id, sent=time.time())
-        self._socket.send(json.dumps(message).encode())
+        body = json.dumps(message).encode()
+        self._socket.send_multipart([sign(self._secret, body), body])
 
     def error(self, text: str) -> None:
         """Tell the notebook this rank failed, with its traceback (before anything else hangs)."""
@@ -79,12 +118,14 @@ class LiveSink(Observer):
             self._socket.close()
 
 
-def engine_train(config: dict, run_dir: str, address: str, run_id: str) -> dict | None:
+def engine_train(config: dict, run_dir: str, address: str, run_id: str, secret: str) -> dict | None:
     """Runs on every engine (an MPI rank): train ``config`` on the first ``ranks`` ranks.
 
     All engines take part in the ``Split``; those beyond ``ranks`` return at once. An error is
     pushed to the notebook with this rank's traceback before it propagates, so the notebook can
-    name the rank even while the other ranks are stuck in a collective.
+    name the rank even while the other ranks are stuck in a collective. The run's communicator
+    is freed however the run ends, and with it every state cached on it (the executor's
+    duplicate, the tuning table): nothing of this run leaks into the next.
     """
     import os
 
@@ -99,13 +140,18 @@ def engine_train(config: dict, run_dir: str, address: str, run_id: str) -> dict 
     comm = world.Split(0 if world.Get_rank() < cfg.ranks else MPI.UNDEFINED, world.Get_rank())
     if comm == MPI.COMM_NULL:
         return None
-    sink = LiveSink(address, comm.Get_rank(), run_id)
     try:
-        summary = run_rank(cfg, comm, Path(run_dir), observers=[sink])
-    except BaseException as exc:
-        sink.error(f"rank {comm.Get_rank()} failed: {exc!r}\n" + traceback.format_exc())
-        sink.close("failed")
-        raise
-    sink.close("finished")
-    comm.Free()
-    return summary
+        sink = LiveSink(address, comm.Get_rank(), run_id, secret)
+        try:
+            summary = run_rank(cfg, comm, Path(run_dir), observers=[sink])
+        except BaseException as exc:
+            sink.error(f"rank {comm.Get_rank()} failed: {exc!r}\n" + traceback.format_exc())
+            sink.close("failed")
+            raise
+        sink.close("finished")
+        return summary
+    finally:
+        try:
+            comm.Free()
+        except Exception:  # noqa: BLE001 - never mask the run's own error
+            pass

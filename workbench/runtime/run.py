@@ -10,6 +10,10 @@ Failure and cancellation never hang the notebook:
 - a rank that raises pushes its traceback first; the other ranks get ``GRACE_SECONDS`` to finish
   and are then killed (they may be stuck in a collective), and ``wait()`` raises :class:`RunError`
   naming the rank; the engines are restarted so the cluster stays usable;
+- an engine process that dies (a signal, the out-of-memory killer, a crash in C) is named with its
+  pid, host and how it ended (signal or exit code), from the record its guard writes
+  (:mod:`workbench.runtime.rankguard`); errors that other ranks report after it are consequences
+  and are shown as such, never blamed;
 - ``cancel()`` writes ``<run_dir>/CANCEL``; the ranks agree to stop at the next evaluation point
   (synchronous algorithms) or exchange (master-based ones) and the run ends as ``cancelled`` with
   its summary; ranks that do not stop within the timeout are killed;
@@ -17,7 +21,6 @@ Failure and cancellation never hang the notebook:
 """
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections import deque
@@ -27,9 +30,9 @@ import zmq
 
 from ..config import RunConfig
 from ..results import RunObserver, RunResult, history_frame
-from .batch import new_run_id, runs_root
-from .context import CANCEL_FILE
-from .live import engine_train
+from .batch import make_run_dir, run_id_for, runs_root
+from .rundir import CANCEL_FILE
+from .live import MAX_MESSAGE_BYTES, engine_train, new_secret, verify
 
 GRACE_SECONDS = 3.0
 STORE_EVERY_SECONDS = 1.0
@@ -63,14 +66,16 @@ class Run:
     def __init__(self, cluster, cfg: RunConfig, run_dir=None, *, store=None, timeout: float = 3600.0,
                  sweep_id: str | None = None, sweep_key: str | None = None) -> None:
         self.cluster, self.cfg, self.config = cluster, cfg, cfg.to_dict()
-        self.run_id = Path(run_dir).name if run_dir is not None else new_run_id(cfg)
-        self.run_dir = Path(run_dir if run_dir is not None else runs_root() / self.run_id).resolve()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.store = _open_store(store)
+        # a unique id in the store whatever the folder is called; a folder that holds a run is refused
+        self.run_id = run_id_for(run_dir, cfg, self.store)
+        self.run_dir = make_run_dir(run_dir if run_dir is not None else runs_root() / self.run_id).resolve()
         (self.run_dir / "config.json").write_text(cfg.to_json())
         self.total_steps = _expected_steps(cfg)
         self.status, self.error, self.summary, self.result = "running", None, None, None
         self.failed_rank: int | None = None
         self._first_dead: int | None = None  # the rank whose engine was seen dead first
+        self._killed = False  # this run killed the engines itself (deaths after that are ours)
         self.latencies: deque[float] = deque(maxlen=100_000)  # seconds from rank send to receipt
         self._records: list[dict] = []
         self._spans: list[dict] = []
@@ -80,18 +85,20 @@ class Run:
         self._cancel_requested = False
         self._timeout = timeout
         self.started = time.time()
-        self.store = _open_store(store)
         if self.store is not None:
             self.store.start_run(self.run_id, self.config, run_dir=str(self.run_dir),
                                  sweep_id=sweep_id, sweep_key=sweep_key)
+        self.rejected_messages = 0  # live-stream messages dropped: not signed with this run's secret
+        self._secret = new_secret()
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(zmq.PULL)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         host = "*" if cluster._settings["reachable"] else "127.0.0.1"
         port = self._socket.bind_to_random_port(f"tcp://{host}")
         advertised = cluster._ipp.controller_location if host == "*" else "127.0.0.1"
-        address = f"tcp://{advertised}:{port}"
+        self.address = address = f"tcp://{advertised}:{port}"  # the live stream (signed messages only)
         self._async = cluster.view().apply_async(engine_train, self.config, str(self.run_dir),
-                                                    address, self.run_id)
+                                                 address, self.run_id, self._secret)
         self._thread = threading.Thread(target=self._receive, name=f"run-{self.run_id}", daemon=True)
         self._thread.start()
 
@@ -205,9 +212,13 @@ class Run:
         got = False
         while True:
             try:
-                message = json.loads(self._socket.recv(zmq.NOBLOCK))
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
+            message = verify(self._secret, frames, self.run_id)
+            if message is None:  # not from this run's ranks: dropped unread
+                self.rejected_messages += 1
+                continue
             got = True
             received = time.time()
             self.latencies.append(received - message["sent"])
@@ -228,22 +239,54 @@ class Run:
         return stored + len(new)
 
     def _hard_stop(self, status: str, error: str | None) -> None:
-        self.status, self.error = status, error
+        # a death is looked for before our own kill adds deaths of its own
+        if status != "failed" or not self._blame_dead_engine():
+            self.status, self.error = status, error
+        self._killed = True
         self.cluster.kill_engines()
 
+    def _blame_dead_engine(self) -> bool:
+        """If an engine process died, name the first to die as the cause (how it died, its pid and
+        host); a rank that reported an error after it was only hit by its death. True if one did.
+
+        Engines die only when something outside Python kills them (a signal, the out-of-memory
+        killer, a crash in C); an exception in a rank leaves its engine running. So the first
+        death, as recorded by each engine's guard (:mod:`workbench.runtime.rankguard`), is the
+        cause, whatever the other ranks reported after it. Looked at before this run kills any
+        engine itself.
+        """
+        if self._killed:
+            return False
+        exits = self.cluster.exits()
+        if exits:
+            first = exits[0]
+            rank = first["rank"]
+            text = (f"rank {rank} (pid {first['pid']} on {first['host']}) {first['how']}: its engine died "
+                    "(killed from outside Python, out of memory, or a crash in C); MPI then stopped the "
+                    "other ranks.")
+        elif self._first_dead is not None:  # no record (its guard was killed too): seen dead alone
+            rank = self._first_dead
+            text = (f"rank {rank} (pid {self.cluster.pids.get(rank)} on {self.cluster.hosts.get(rank)}) died: its "
+                    "engine was killed, ran out of memory or crashed outside Python; MPI then stopped the "
+                    "other ranks.")
+        else:
+            return False
+        if self.error and self.failed_rank != rank:
+            text += f"\nAfter it died, rank {self.failed_rank} reported:\n{self.error}"
+        self.failed_rank, self.error, self.status = rank, text, "failed"
+        return True
+
     def _engine_error(self) -> tuple[int | None, str, bool]:
-        """The engines' exception as (rank, text, an engine died) when no rank reported its own:
-        an engine that died (killed, out of memory, a crash in C), or an error before the live
-        stream opened."""
+        """The engines' exception as (rank, text, an engine died) when no rank reported its own
+        and no engine's death was recorded: an error before the live stream opened, or an engine
+        that died unrecorded."""
         try:
             self._async.get(timeout=0)
         except Exception as exc:  # noqa: BLE001 - ipyparallel's CompositeError / EngineError
             errors = list(getattr(exc, "elist", ())) or [(type(exc).__name__, str(exc), "", {})]
             if any(name == "EngineError" for name, *_ in errors):
-                rank = self._first_dead
-                died = "an engine" if rank is None else f"rank {rank}'s engine"
-                return rank, (f"{died} died (killed, out of memory, or crashed outside Python); "
-                              f"MPI stopped the other ranks.\n" + "\n".join(str(e[1]) for e in errors)), True
+                return None, ("an engine died (killed, out of memory, or crashed outside Python); MPI "
+                              "stopped the other ranks.\n" + "\n".join(str(e[1]) for e in errors)), True
             name, value, text, info = errors[0]
             rank = self.cluster.ranks.get((info or {}).get("engine_id"))
             return rank, f"rank {rank} failed: {name}: {value}\n{text}", False
@@ -251,12 +294,14 @@ class Run:
 
     def _finish(self, stored: int) -> None:
         if self.status == "running":  # the engines returned (cleanly or with an error)
+            died = self._blame_dead_engine()
             if self.failed_rank is None:
-                rank, text, died = self._engine_error()
-                if died:
-                    self.cluster.kill_engines()  # MPI lost a rank: the rest of the job is gone or stuck
+                rank, text, died_unrecorded = self._engine_error()
+                died = died or died_unrecorded
                 if text:
                     self.failed_rank, self.error = rank, text
+            if died:
+                self.cluster.kill_engines()  # MPI lost a rank: the rest of the job is gone or stuck
             if self.error and not self._cancel_requested:
                 self.status = "failed"
             elif (self.run_dir / "summary.json").exists():

@@ -16,25 +16,11 @@ from ..runtime import telemetry
 from . import schedules
 from .buffers import FlatBuffer
 from .executor import compile_plan, execute, private_comm
+from .names import AUTO, NATIVE, algorithm_names, check_algorithm  # noqa: F401 - re-exported
 from .tuning import tuner_for
 
 T = TypeVar("T")
 
-NATIVE = "native"
-AUTO = "auto"
-
-
-def algorithm_names() -> list[str]:
-    """Every value ``allreduce``'s ``algorithm`` accepts."""
-    return [AUTO, NATIVE, *schedules.ALGORITHMS]
-
-
-def check_algorithm(algorithm: str) -> str:
-    """Return ``algorithm`` if valid, else raise ``ValueError`` listing the valid names."""
-    if algorithm not in schedules.ALGORITHMS and algorithm not in (AUTO, NATIVE):
-        raise ValueError(f"algorithm must be one of {', '.join(algorithm_names())}; "
-                         f"got {algorithm!r}")
-    return algorithm
 
 
 def _native(flat: FlatBuffer, comm: MPI.Comm) -> None:

@@ -1,0 +1,102 @@
+"""The parent of every rank: ``python rankguard.py STATUS_DIR PROGRAM ARGS...`` (run by path).
+
+``mpiexec`` starts this guard in place of each rank. It forks, runs the rank's program in the
+child and waits for it, so that it knows exactly how the rank ended, which neither the MPI
+launcher (its text names a PID, often not the first process that died) nor the client (not the
+rank's parent) can tell. It writes ``STATUS_DIR/rank<R>.start`` (rank, pid, host) when the rank
+starts and ``STATUS_DIR/rank<R>.status`` (the same, plus ``exit_code`` or ``signal`` and the
+time it ended) when it ends, then ends the same way (same exit code, or killed by the same
+signal), so ``mpiexec`` sees what it would have seen without the guard.
+
+Signals the guard receives (``mpiexec`` forwarding one, the launcher cleaning up) are passed to
+the rank; if the guard itself is killed, the rank is killed too (``PR_SET_PDEATHSIG``, Linux).
+Standard library only, and run by path, so it starts in a few milliseconds.
+"""
+import json
+import os
+import signal
+import socket
+import sys
+import time
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _rank() -> str:
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if os.environ.get(name, "").isdigit():
+            return os.environ[name]
+    return f"pid{os.getpid()}"
+
+
+def _write(path: str, record: dict) -> None:
+    try:
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.replace(tmp, path)
+    except OSError:  # the launcher's folder is gone (it was interrupted): nothing to tell
+        pass
+
+
+def _die_with_parent(parent: int) -> None:
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux
+        return
+    if os.getppid() != parent:  # the guard died before prctl: do not run unguarded
+        os._exit(1)
+
+
+def main(argv: list[str]) -> None:
+    status_dir, program = argv[0], argv[1:]
+    rank, host, guard = _rank(), socket.gethostname(), os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        _die_with_parent(guard)
+        try:
+            os.execvp(program[0], program)
+        except OSError as exc:
+            print(f"rank {rank}: cannot run {program[0]}: {exc}", file=sys.stderr, flush=True)
+            os._exit(127)
+    def forward(signum, frame):
+        try:
+            os.kill(pid, signum)
+        except OSError:  # it has just ended
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    base = {"rank": int(rank) if rank.isdigit() else rank, "pid": pid, "guard_pid": guard, "host": host}
+    _write(os.path.join(status_dir, f"rank{rank}.start"), base)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except ChildProcessError:
+            status = 0
+            break
+    ended = time.time()
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        _write(os.path.join(status_dir, f"rank{rank}.status"), {**base, "signal": sig, "time": ended})
+        for s in FORWARDED:
+            signal.signal(s, signal.SIG_DFL)
+        try:
+            import resource
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the rank dumped core, if anything
+        except (ImportError, ValueError, OSError):
+            pass
+        sys.stdout.flush()
+        os.kill(guard, sig)
+        time.sleep(1)  # a signal whose default action is not to terminate
+        os._exit(128 + sig)
+    code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
+    _write(os.path.join(status_dir, f"rank{rank}.status"), {**base, "exit_code": code, "time": ended})
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
