@@ -60,7 +60,6 @@ def lab(tmp_path):
         server.kill()
 
 
-@pytest.mark.timeout(900)
 def _restart_kernels(url: str, token: str) -> None:
     import json
     with urllib.request.urlopen(f"{url}/api/kernels?token={token}", timeout=10) as response:
@@ -70,6 +69,7 @@ def _restart_kernels(url: str, token: str) -> None:
         urllib.request.urlopen(request, timeout=60).close()
 
 
+@pytest.mark.timeout(900)  # on the test: it starts a cluster and trains in the browser's kernel
 def test_quickstart_runs_in_jupyterlab_and_the_dashboard_renders(lab, tmp_path):
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright

@@ -119,6 +119,7 @@ def test_live_dashboard_redraws_at_most_twice_a_second(sync_run):
     player.join()
     dash._thread.join(timeout=5)
     elapsed = time.monotonic() - start
-    assert source.calls >= 200 and not dash.errors
-    assert 2 <= dash.redraws <= 2 * elapsed + 2
+    assert not dash.errors
+    # 300 data notifications in ~1.5 s: a dashboard that redrew on each would show ~300 redraws
+    assert 2 <= dash.redraws <= 2 * elapsed + 2 and dash.redraws < source.calls / 10
     assert f"step {sync_run.summary['steps']}/" in dash.status.value and "finished" in dash.status.value

@@ -75,13 +75,18 @@ class LiveSink(Observer):
         self._metrics: list[dict] = []
         self._next_flush = 0.0
         self._lock = threading.Lock()  # hogwild server threads record at once; sockets are not thread-safe
+        # appends and the flusher's swap of the buffers: without it a record appended to a buffer
+        # the flusher has just taken (and serialised) would be lost
+        self._buffer_lock = threading.Lock()
 
     def on_span(self, event: dict) -> None:
-        self._spans.append(event)
+        with self._buffer_lock:
+            self._spans.append(event)
         self._maybe_flush()
 
     def on_metric(self, record: dict) -> None:
-        self._metrics.append(record)
+        with self._buffer_lock:
+            self._metrics.append(record)
         self._maybe_flush()
 
     def _maybe_flush(self) -> None:
@@ -94,8 +99,9 @@ class LiveSink(Observer):
             return  # another thread is sending; our records go with the next batch
         try:
             self._next_flush = time.perf_counter() + FLUSH_SECONDS
-            spans, self._spans = self._spans, []
-            metrics, self._metrics = self._metrics, []
+            with self._buffer_lock:
+                spans, self._spans = self._spans, []
+                metrics, self._metrics = self._metrics, []
             if spans or metrics:
                 self._send({"metrics": metrics, "spans": spans})
         finally:

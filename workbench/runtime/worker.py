@@ -14,7 +14,11 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-import torch
+# one thread per rank, decided before torch is imported (it reads this once, at import); the
+# launchers set it already, this covers a rank started by hand
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
 from mpi4py import MPI
 
 from ..config import RunConfig
@@ -119,7 +123,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resume", type=Path)
     args = parser.parse_args(argv)
     cfg = RunConfig.from_dict(json.loads((args.run_dir / "config.json").read_text()))
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     summary = run_rank(cfg, MPI.COMM_WORLD, args.run_dir, args.resume)
     if summary is not None:
         print(json.dumps({k: summary[k] for k in ("algorithm", "final_test_accuracy", "wall_seconds",
