@@ -123,3 +123,11 @@ def test_live_dashboard_redraws_at_most_twice_a_second(sync_run):
     # 300 data notifications in ~1.5 s: a dashboard that redrew on each would show ~300 redraws
     assert 2 <= dash.redraws <= 2 * elapsed + 2 and dash.redraws < source.calls / 10
     assert f"step {sync_run.summary['steps']}/" in dash.status.value and "finished" in dash.status.value
+
+
+def test_the_accuracy_line_says_whose_weights_were_evaluated():
+    from workbench.dashboard.figures import loss_traces
+    history = history_frame([{"kind": "eval", "rank": 0, "t": 0.5, "test_accuracy": 0.5}])
+    names = {a: loss_traces(history, a)[-1]["name"] for a in ("sync-easgd", "async-sgd", "sync-sgd")}
+    assert names == {"sync-easgd": "test accuracy (center)", "async-sgd": "test accuracy (master's weights)",
+                     "sync-sgd": "test accuracy (model)"}

@@ -86,7 +86,14 @@ def test_pictures():
     assert len(titles) == mt.num_steps // 2 and all("max 1/link" in t for t in titles)
     assert len(topology_figure(topology.fat_tree(16, nodes_per_leaf=4)).data) >= 2
     frame = study.compare(torus, ["ring", "multitree"], sizes=[1 << 20, 8 << 20])
-    assert len(speedup_figure(frame).data) == 2
+    over_ring = {t.name: list(t.y) for t in speedup_figure(frame).data}
+    assert over_ring["ring"] == [1.0, 1.0]
+    assert over_ring["multitree"] == pytest.approx(list(frame[frame["algorithm"] == "multitree"]["speedup_vs_ring"]))
+    over_tree = {t.name: list(t.y) for t in speedup_figure(frame, baseline="multitree").data}
+    assert over_tree["multitree"] == [1.0, 1.0]  # the baseline is computed, not just relabelled
+    assert over_tree["ring"] == pytest.approx([1 / s for s in over_ring["multitree"]])
+    with pytest.raises(ScheduleError, match="baseline 'linear' is not in the comparison"):
+        speedup_figure(frame, baseline="linear")
     with pytest.raises(ScheduleError, match="roots must be ranks 0..15"):
         trees_figure(torus, roots=[16])
     with pytest.raises(ScheduleError, match="steps must be in 0..13"):

@@ -214,16 +214,20 @@ def link_use_figure(schedule: Schedule, topo: Topology, steps: Sequence[int] | N
 
 
 def speedup_figure(frame, title: str = "", baseline: str = "ring") -> go.Figure:
-    """Speed-up over ``baseline`` against message size, one line per algorithm, from
+    """Speed-up over ``baseline`` (seconds of ``baseline`` / seconds of each algorithm at the same
+    size) against message size, one line per algorithm, from
     :func:`~workbench.collectives.study.compare`'s rows."""
-    if "speedup_vs_ring" not in frame:
-        raise ScheduleError("speedup_figure: the comparison has no ring rows to compare with")
+    base = frame[frame["algorithm"] == baseline].groupby("bytes")["seconds"].first()
+    if base.empty:
+        raise ScheduleError(f"speedup_figure: baseline {baseline!r} is not in the comparison; it has "
+                            f"{', '.join(frame['algorithm'].unique())}")
     fig = go.Figure()
     for name, rows in frame.groupby("algorithm", sort=False):
         rows = rows.sort_values("bytes")
-        fig.add_trace(go.Scatter(x=rows["bytes"], y=rows["speedup_vs_ring"], mode="lines+markers", name=name,
+        speedup = base.reindex(rows["bytes"]).to_numpy() / rows["seconds"].to_numpy()
+        fig.add_trace(go.Scatter(x=rows["bytes"], y=speedup, mode="lines+markers", name=name,
                                  hovertext=[f"{name} {size_label(b)}: {s:.2f}x" for b, s in
-                                            zip(rows["bytes"], rows["speedup_vs_ring"])], hoverinfo="text"))
+                                            zip(rows["bytes"], speedup)], hoverinfo="text"))
     sizes = sorted(frame["bytes"].unique())
     fig.update_layout(title=title, height=360, margin=dict(l=50, r=10, t=50, b=40),
                       xaxis=dict(type="log", title="all-reduce size", tickvals=sizes,

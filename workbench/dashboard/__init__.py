@@ -42,6 +42,7 @@ class Dashboard(RunObserver):
     def __init__(self, source, window_seconds: float = 2.0, max_fps: float = 2.0) -> None:
         self.source, self.window_seconds, self.period = source, window_seconds, 1.0 / max_fps
         self.ranks = int(source.config["ranks"])
+        self.algorithm = source.config.get("algorithm")
         self.redraws = 0
         self.errors: list[BaseException] = []
         self._dirty = threading.Event()
@@ -95,7 +96,7 @@ class Dashboard(RunObserver):
     def figures(self) -> dict[str, go.Figure]:
         """The current figures as plain ``go.Figure`` objects (name -> figure)."""
         history, trace = self.source.history, self.source.trace
-        return {"loss": loss_figure(history), "shares": share_figure(time_shares(trace, self.ranks)),
+        return {"loss": loss_figure(history, algorithm=self.algorithm), "shares": share_figure(time_shares(trace, self.ranks)),
                 "timeline": timeline_figure(trace, self.ranks, self.window_seconds)}
 
     def refresh(self) -> None:
@@ -106,7 +107,7 @@ class Dashboard(RunObserver):
         """
         history, trace = self.source.history, self.source.trace
         timeline, x_range = timeline_traces(trace, self.ranks, self.window_seconds)
-        for widget, traces in ((self.loss, loss_traces(history)),
+        for widget, traces in ((self.loss, loss_traces(history, self.algorithm)),
                                (self.shares, share_traces(self._shares(trace))), (self.timeline, timeline)):
             with widget.batch_update():
                 if len(widget.data) == len(traces):

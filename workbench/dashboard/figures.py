@@ -25,8 +25,21 @@ def _downsample(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     return frame.groupby(blocks)[["t", column]].mean()
 
 
-def loss_traces(history: pd.DataFrame) -> list[dict]:
-    """Plotly trace dicts: train loss per worker (left axis), test accuracy (right axis).
+def accuracy_label(algorithm: str | None) -> str:
+    """What the evaluated weights are: the center variable (EASGD family), the master's weights
+    (master-based SGD) or the replicated model (sync-sgd)."""
+    from ..optim.registry import ALGORITHMS
+    spec = ALGORITHMS.get(algorithm)
+    if spec is None:
+        return "test accuracy"
+    if spec.elastic:
+        return "test accuracy (center)"
+    return "test accuracy (master's weights)" if spec.master_based else "test accuracy (model)"
+
+
+def loss_traces(history: pd.DataFrame, algorithm: str | None = None) -> list[dict]:
+    """Plotly trace dicts: train loss per worker (left axis), test accuracy (right axis) of the
+    weights that ``algorithm`` evaluates (see :func:`accuracy_label`).
 
     Arrays are numpy: plotly validates those in one step, lists element by element (the
     difference is most of a live redraw's cost).
@@ -40,7 +53,7 @@ def loss_traces(history: pd.DataFrame) -> list[dict]:
     evals = history[(history["kind"] == "eval")].sort_values("t")
     traces.append(dict(type="scatter", x=evals["t"].astype(float).to_numpy(),
                        y=evals["test_accuracy"].astype(float).to_numpy(), mode="lines+markers",
-                       name="test accuracy (center)", line=dict(color="black", dash="dot"), yaxis="y2"))
+                       name=accuracy_label(algorithm), line=dict(color="black", dash="dot"), yaxis="y2"))
     return traces
 
 
@@ -51,9 +64,10 @@ def loss_layout(title: str = "Loss and test accuracy") -> dict:
                 yaxis2=dict(title=dict(text="test accuracy"), range=[0, 1], overlaying="y", side="right"))
 
 
-def loss_figure(history: pd.DataFrame, title: str = "Loss and test accuracy") -> go.Figure:
+def loss_figure(history: pd.DataFrame, title: str = "Loss and test accuracy",
+                algorithm: str | None = None) -> go.Figure:
     """Train loss per worker against time, and test accuracy at the evaluation points."""
-    return go.Figure(data=loss_traces(history), layout=loss_layout(title))
+    return go.Figure(data=loss_traces(history, algorithm), layout=loss_layout(title))
 
 
 def time_shares(trace: list[dict], ranks: int) -> pd.DataFrame:

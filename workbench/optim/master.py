@@ -75,13 +75,13 @@ class ElasticWorker:
             _checkpoint_worker(ctx, step, x=x, velocity=self.velocity, center=self.center)
             if step % cfg.tau == 0:
                 if overlap:  # send x, receive the center, while the gradient is computed
-                    with ctx.span("exchange_post", "comm", bytes=x.numel() * 4):
+                    with ctx.span("exchange_post", "comm", bytes=x.numel() * x.element_size()):
                         reqs = self.msg.isend(x, 0, TAG_PUSH) + self.msg.irecv(self.center, 0, TAG_REPLY)
                     ctx.gradient(step)
                     with ctx.span("exchange_wait", "comm"):
                         MPI.Request.Waitall(reqs)
                 else:
-                    with ctx.span("exchange", "comm", bytes=x.numel() * 4):
+                    with ctx.span("exchange", "comm", bytes=x.numel() * x.element_size()):
                         self.msg.send(x, 0, TAG_PUSH)
                         self.msg.recv(self.center, 0, TAG_REPLY)
                     ctx.gradient(step)
@@ -124,7 +124,7 @@ class GradientWorker:
             ctx.gradient(step)
             pushed += g
             if (step + 1) % cfg.tau == 0 or step == ctx.steps - 1:
-                with ctx.span("exchange", "comm", bytes=x.numel() * 4):
+                with ctx.span("exchange", "comm", bytes=x.numel() * x.element_size()):
                     self.msg.send(pushed, 0, TAG_PUSH)
                     self.msg.recv(x, 0, TAG_REPLY)
                 pushed.zero_()
