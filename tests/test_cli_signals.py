@@ -15,6 +15,8 @@ from pathlib import Path
 import psutil
 import pytest
 
+from workbench.runtime.launcher import mapped_shm
+
 pytestmark = pytest.mark.mpi
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,14 +76,7 @@ def _wait_for(what, timeout: float, proc: subprocess.Popen, step: float = 0.3):
 
 def _shm_of(processes) -> set[str]:
     """The MPICH shared-memory segments these processes map."""
-    names = set()
-    for p in processes:
-        try:
-            text = Path(f"/proc/{p.pid}/maps").read_text()
-        except OSError:
-            continue
-        names.update(word.rsplit("/", 1)[-1] for word in text.split() if "/dev/shm/mpich_shm_" in word)
-    return names
+    return mapped_shm(p.pid for p in processes)
 
 
 def _row(tmp_path: Path) -> tuple[str, str | None, dict | None]:

@@ -194,23 +194,19 @@ def test_cluster_left_by_a_dead_kernel_is_stopped_by_the_next(tmp_path):
 
 def test_works_when_path_lacks_the_venv_and_stops_clean(tmp_path):
     script = textwrap.dedent("""
-        import glob, time
+        import glob, os, time
         import workbench as wb
         from workbench.runtime import cluster as cm
-        shm_before = set(glob.glob("/dev/shm/mpich_shm_*"))
+        from workbench.runtime.launcher import mapped_shm
+        shm_before = {os.path.basename(p) for p in glob.glob("/dev/shm/mpich_shm_*")}
         with wb.Cluster(n=2) as c:
             r = c.train(wb.RunConfig(algorithm="sync-sgd", ranks=2, epochs=1), store=False).wait(60)
             cid = c.cluster_id
         assert r.status == "finished", r
         assert cm._processes_of(cid) == [], "processes left after stop"
-        new = set(glob.glob("/dev/shm/mpich_shm_*")) - shm_before
-        mapped = set()  # segments of other jobs running meanwhile are mapped by their processes
-        for maps in glob.glob("/proc/[0-9]*/maps"):
-            try:
-                mapped.update(w for w in open(maps).read().split() if w.startswith("/dev/shm/mpich_shm_"))
-            except OSError:
-                pass
-        assert not new - mapped, f"shm files left: {new - mapped}"
+        new = {os.path.basename(p) for p in glob.glob("/dev/shm/mpich_shm_*")} - shm_before
+        # segments of other jobs running meanwhile are mapped by their processes
+        assert not new - mapped_shm(), f"shm files left: {new - mapped_shm()}"
         print("ok")
     """)
     env = {k: v for k, v in os.environ.items() if k != "PATH"}

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from workbench.collectives import schedules
-from workbench.runtime.launcher import MPILaunchError, remove_orphaned_shm, run_mpi
+from workbench.runtime.launcher import MPILaunchError, mapped_shm, remove_orphaned_shm, run_mpi
 
 pytestmark = pytest.mark.mpi
 
@@ -73,17 +73,6 @@ def test_bad_rank_count_is_refused_before_launch(bad):
         run_mpi(bad, ["-c", "pass"])
 
 
-def _mapped_shm() -> set[str]:
-    """Names of the MPICH segments some live process maps (other jobs running on this machine)."""
-    names = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            names.update(w.rsplit("/", 1)[-1] for w in maps.read_text().split() if "/dev/shm/mpich_shm_" in w)
-        except OSError:
-            continue
-    return names
-
-
 def test_failed_jobs_leave_no_shared_memory_behind():
     before = {p.name for p in Path("/dev/shm").glob("mpich_shm_*")}
     for args in (["tests/mpi/failing_rank.py", "raise", "1"], ["tests/mpi/failing_rank.py", "hang", "1"]):
@@ -91,7 +80,7 @@ def test_failed_jobs_leave_no_shared_memory_behind():
             run_mpi(3, args, timeout=5)
     new = {p.name for p in Path("/dev/shm").glob("mpich_shm_*")} - before
     # a segment another job made meanwhile is mapped by its processes; ours would be mapped by none
-    assert not new - _mapped_shm(), new
+    assert not new - mapped_shm(), new
 
 
 def test_orphaned_segments_are_removed_and_mapped_ones_kept(tmp_path):

@@ -23,12 +23,12 @@ from .buffers import FlatBuffer
 from .schedule import Schedule, chunk_bounds
 
 def _free_inner(comm: MPI.Comm, keyval: int, inner) -> None:
-    """MPI calls this when a communicator carrying state is freed: free what the state holds."""
-    free = getattr(inner, "free", None) or getattr(inner, "Free", None)
-    if free is not None:
+    """MPI calls this when a communicator carrying state is freed: free an inner communicator
+    (the executor's duplicate); other state (a Tuner) is only dropped."""
+    if isinstance(inner, MPI.Comm):
         try:
-            free()
-        except Exception:  # noqa: BLE001 - MPI_Finalize may already be tearing things down
+            inner.Free()
+        except MPI.Exception:  # MPI_Finalize may already be tearing things down
             pass
 
 

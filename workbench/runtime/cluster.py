@@ -51,7 +51,7 @@ def state_dir() -> Path:
     return Path(os.environ.get("WORKBENCH_STATE_DIR", Path.home() / ".cache" / "workbench"))
 
 
-def _exit_dir(cluster_id: str) -> Path:
+def _guard_dir(cluster_id: str) -> Path:
     """Where the guards of a cluster's engines record how each engine ended."""
     return state_dir() / "exits" / cluster_id
 
@@ -135,7 +135,7 @@ def _remove_files_of(cluster_id: str, cluster_file: str | None) -> None:
         paths.append(Path(cluster_file))
     for path in paths:
         path.unlink(missing_ok=True)
-    shutil.rmtree(_exit_dir(cluster_id), ignore_errors=True)
+    shutil.rmtree(_guard_dir(cluster_id), ignore_errors=True)
 
 
 def _slurm_launcher():
@@ -216,7 +216,7 @@ class Cluster:
             config.MPIEngineSetLauncher.mpi_cmd = [find_mpiexec()]
             config.MPIEngineSetLauncher.mpi_args = s["mpi_args"]
             # each engine under the rank guard, which records how it ended (see runtime.rankguard)
-            config.MPIEngineSetLauncher.engine_cmd = [sys.executable, "-I", str(GUARD), str(_exit_dir(cluster_id)),
+            config.MPIEngineSetLauncher.engine_cmd = [sys.executable, "-I", str(GUARD), str(_guard_dir(cluster_id)),
                                                       sys.executable, "-m", "ipyparallel.engine"]
         else:
             config[engine_launcher].engine_args = ["--mpi"]  # engine id order = MPI rank order
@@ -258,7 +258,7 @@ class Cluster:
             return self
         cleanup_stale_clusters()
         self._ipp = self._ipp_cluster()
-        _exit_dir(self._ipp.cluster_id).mkdir(parents=True, exist_ok=True, mode=0o700)
+        _guard_dir(self._ipp.cluster_id).mkdir(parents=True, exist_ok=True, mode=0o700)
         self._ipp.start_controller_sync()
         self._record()
         try:
@@ -307,7 +307,7 @@ class Cluster:
         self.ranks = dict(zip(view.targets, ranks))
         self.pids = dict(zip(ranks, pids))  # rank -> engine process id
         self.hosts = dict(zip(ranks, hosts))  # rank -> host name
-        for old in _exit_dir(self._ipp.cluster_id).glob("*.status"):  # ends of replaced engines
+        for old in _guard_dir(self._ipp.cluster_id).glob("*.status"):  # ends of replaced engines
             old.unlink(missing_ok=True)
         if sorted(ranks) != list(range(self.n)):
             raise RuntimeError(f"engines are not one MPI job: ranks {sorted(ranks)}; "
@@ -336,7 +336,7 @@ class Cluster:
         if self._ipp is None or self.engines != "mpi":
             return []
         current = set(self.pids.values())
-        _, ends = rank_records(_exit_dir(self._ipp.cluster_id))
+        _, ends = rank_records(_guard_dir(self._ipp.cluster_id))
         return [{**end, "how": describe_end(end)} for end in ends if end.get("pid") in current]
 
     def healthy(self) -> bool:

@@ -124,8 +124,7 @@ class MPIResult:
 
 
 _TAG = re.compile(r"^\[(?:1,)?(\d+)\](?:<std(?:out|err)>)?:?\s?(.*)$")
-_MPICH_ABORT = re.compile(r"Abort\(\d+\) on node \d+ \(rank (\d+) in comm")
-_MPICH_ABORT_CODE = re.compile(r"Abort\((\d+)\) on node \d+ \(rank (\d+) in comm")
+_MPICH_ABORT = re.compile(r"Abort\((\d+)\) on node \d+ \(rank (\d+) in comm")  # code, rank
 
 
 def _collect(launcher_output: str, output_dir: Path, nranks: int) -> MPIResult:
@@ -493,7 +492,7 @@ def _failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list
         # a rank that called MPI_Abort (mpi4py does on an uncaught exception) takes the others
         # down with it, its guard included: MPICH's own line names it
         aborted = {(int(m.group(2)), int(m.group(1))) for r in traced
-                   for m in [_MPICH_ABORT_CODE.search(result.ranks.get(r, ""))] if m}
+                   for m in [_MPICH_ABORT.search(result.ranks.get(r, ""))] if m}
         if len(aborted) == 1:
             [(rank, code)] = aborted
             where = starts.get(rank, {})
@@ -511,6 +510,21 @@ def _failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list
                           [rank], result.output)
 
 
+def mapped_shm(pids=None) -> set[str]:
+    """Names of the MPICH shared-memory segments (``mpich_shm_*``) that the processes ``pids``
+    (default: every process we may read) have mapped: those belong to a running job."""
+    maps = [Path(f"/proc/{pid}/maps") for pid in pids] if pids is not None else Path("/proc").glob("[0-9]*/maps")
+    names = set()
+    for path in maps:
+        try:
+            text = path.read_text()
+        except OSError:  # the process ended, or is not ours to read
+            continue
+        names.update(name for name in (word.rsplit("/", 1)[-1] for word in text.split())
+                     if name.startswith("mpich_shm_"))
+    return names
+
+
 def remove_orphaned_shm(shm_dir: str | os.PathLike = "/dev/shm") -> list[str]:
     """Delete MPICH shared-memory segments that no live process has mapped; return their names.
 
@@ -521,13 +535,7 @@ def remove_orphaned_shm(shm_dir: str | os.PathLike = "/dev/shm") -> list[str]:
     candidates = {p.name: p for p in shm_dir.glob("mpich_shm_*")}
     if not candidates:
         return []
-    in_use = set()
-    for maps in Path("/proc").glob("[0-9]*/maps"):
-        try:
-            text = maps.read_text()
-        except OSError:  # the process ended, or is not ours to read
-            continue
-        in_use.update(name for name in candidates if name in text)
+    in_use = mapped_shm()
     removed = []
     for name, path in candidates.items():
         if name not in in_use:
