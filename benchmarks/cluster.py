@@ -6,18 +6,32 @@
 - dashboard overhead: training step time of the same run with and without a live Dashboard
   attached (alternated; the dashboard draws in the notebook process, which shares the cores).
 
-    python benchmarks/cluster.py [--ranks 4] [--repeats 3]
+Prints the tables and writes every number as JSON (default benchmarks/results/cluster_<ranks>ranks.json).
+The latency without a dashboard, record by record, is `benchmarks/live_latency.py`; the redraw's
+own cost is `benchmarks/redraw.py`.
+
+    python benchmarks/cluster.py [--ranks 4] [--repeats 3] [--epochs 10]
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 
 from tabulate import tabulate
 
 import workbench as wb
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _quantiles(values: list[float]) -> dict:
+    lat = sorted(values)
+    return {"median": lat[len(lat) // 2], "p95": lat[int(len(lat) * 0.95)], "max": lat[-1], "count": len(lat)}
 
 
 def main() -> None:
@@ -25,7 +39,10 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--json", help="where the JSON goes (default benchmarks/results/cluster_<ranks>ranks.json)")
     args = parser.parse_args()
+    args.json = args.json or RESULTS / f"cluster_{args.ranks}ranks.json"
+    load_before = os.getloadavg()  # this machine is shared: the numbers move with its load
     starts, stops = [], []
     for _ in range(args.repeats):
         t = time.perf_counter()
@@ -50,21 +67,29 @@ def main() -> None:
                 per_step[dashboard].append(result.summary["wall_seconds"] / result.summary["steps_per_worker"])
                 latencies[dashboard].extend(run.latencies)
     on, off = statistics.median(per_step[True]), statistics.median(per_step[False])
-    print(f"cluster: {args.ranks} engines, {args.repeats} repeats\n")
+    print(f"cluster: {args.ranks} engines, {args.repeats} repeats (load average {load_before[0]:.1f} before, "
+          f"{os.getloadavg()[0]:.1f} after, {os.cpu_count()} cores)\n")
     print(tabulate([["start (s)", f"{statistics.median(starts):.2f}", f"{min(starts):.2f}", f"{max(starts):.2f}"],
                     ["stop (s)", f"{statistics.median(stops):.2f}", f"{min(stops):.2f}", f"{max(stops):.2f}"]],
                    headers=["", "median", "min", "max"]))
     print()
     rows = []
     for dashboard in (False, True):
-        lat = sorted(latencies[dashboard])
+        q = _quantiles(latencies[dashboard])
         rows.append([f"rank -> notebook latency (ms), {'with' if dashboard else 'no'} dashboard",
-                     f"{1e3 * lat[len(lat) // 2]:.1f}", f"{1e3 * lat[int(len(lat) * 0.95)]:.1f}",
-                     f"{1e3 * lat[-1]:.1f}", len(lat)])
+                     f"{1e3 * q['median']:.1f}", f"{1e3 * q['p95']:.1f}", f"{1e3 * q['max']:.1f}", q["count"]])
     print(tabulate(rows, headers=["", "median", "p95", "max", "batches"]))
     print()
     print(tabulate([["with dashboard", f"{on * 1e3:.3f}"], ["without", f"{off * 1e3:.3f}"],
                     ["difference", f"{100 * (on - off) / off:+.1f}%"]], headers=["sync-easgd mlp", "ms/step (median)"]))
+    Path(args.json).write_text(json.dumps({
+        "ranks": args.ranks, "repeats": args.repeats, "epochs": args.epochs, "cpus": os.cpu_count(),
+        "load_average": {"before": load_before, "after": os.getloadavg()}, "start_s": starts, "stop_s": stops,
+        "s_per_step": {"dashboard": per_step[True], "no_dashboard": per_step[False]},
+        "dashboard_overhead": (on - off) / off,
+        "batch_latency_s": {"dashboard": _quantiles(latencies[True]), "no_dashboard": _quantiles(latencies[False])},
+    }, indent=1))
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

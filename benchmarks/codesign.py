@@ -1,6 +1,7 @@
 """Co-design: original EASGD vs Sync EASGD on the >= 1M-parameter MLP (the paper's 87% -> 14%
 communication share, 5.3x), with the ablations single buffer vs per-layer messages and tree vs
-sequential reduction. Prints a table; --json writes it.
+sequential reduction. Prints a table and writes it as JSON (default
+benchmarks/results/codesign_<ranks>ranks.json).
 
     python benchmarks/codesign.py [--ranks 4] [--epochs 2] [--json FILE]
 """
@@ -14,7 +15,9 @@ from pathlib import Path
 from tabulate import tabulate
 
 from workbench.config import RunConfig
-from workbench.runtime.batch import train
+from workbench.runtime.launch.batch import train
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 VARIANTS = [  # (label, RunConfig changes)
     ("original EASGD (round-robin master), per-layer messages", dict(algorithm="easgd", single_buffer=False)),
@@ -33,8 +36,9 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--model", default="wide_mlp")
-    parser.add_argument("--json")
+    parser.add_argument("--json", help="where the JSON goes (default benchmarks/results/codesign_<ranks>ranks.json)")
     args = parser.parse_args()
+    args.json = args.json or RESULTS / f"codesign_{args.ranks}ranks.json"
     rows, records = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i, (label, changes) in enumerate(VARIANTS):
@@ -54,8 +58,8 @@ def main() -> None:
     print(f"\nco-design, {args.model} ({args.ranks} ranks, {args.epochs} epochs, batch 32, digits)")
     print(tabulate(rows, headers=["variant", "s/epoch", "speed-up vs first", "comm share (workers)",
                                   "comm share (all ranks)", "test acc", "MB sent"]))
-    if args.json:
-        Path(args.json).write_text(json.dumps(records, indent=1))
+    Path(args.json).write_text(json.dumps(records, indent=1))
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

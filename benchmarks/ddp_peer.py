@@ -1,5 +1,6 @@
 """Peer: workbench sync-sgd against PyTorch DistributedDataParallel (gloo) on the same model,
-data shards, batches and ranks, in one mpiexec job. Prints median step times and their ratio.
+data shards, batches and ranks, in one mpiexec job. Prints median step times and their ratio and
+writes them as JSON (default benchmarks/results/ddp_peer_<ranks>ranks.json).
 
     python benchmarks/ddp_peer.py [--ranks 4] [--model wide_mlp] [--steps 40] [--json FILE]
 """
@@ -13,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+RESULTS = Path(__file__).resolve().parent / "results"
+
 
 def worker(args) -> None:
     import torch
@@ -23,7 +26,7 @@ def worker(args) -> None:
 
     from workbench.config import RunConfig
     from workbench.optim.sync import SyncSGD
-    from workbench.runtime.context import Context
+    from workbench.runtime.rank.context import Context
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD
@@ -73,11 +76,11 @@ def worker(args) -> None:
         print(tabulate([["workbench sync-sgd (" + args.collective + ", one flat buffer)", f"{t_ours * 1e3:.2f}"],
                         ["torch DDP, gloo backend", f"{t_ddp * 1e3:.2f}"],
                         ["ratio workbench / DDP", f"{t_ours / t_ddp:.2f}"]], headers=["", "ms/step"]))
-        if args.json:
-            Path(args.json).write_text(json.dumps({"model": args.model, "parameters": params,
-                                                   "ranks": comm.Get_size(), "collective": args.collective,
-                                                   "ours_s": t_ours, "ddp_s": t_ddp,
-                                                   "ratio": t_ours / t_ddp}, indent=1))
+        out = Path(args.json or RESULTS / f"ddp_peer_{comm.Get_size()}ranks.json")
+        out.write_text(json.dumps({"model": args.model, "parameters": params, "ranks": comm.Get_size(),
+                                   "collective": args.collective, "steps": args.steps, "ours_s": t_ours,
+                                   "ddp_s": t_ddp, "ratio": t_ours / t_ddp}, indent=1))
+        print(f"wrote {out}")
 
 
 def main() -> None:
@@ -86,13 +89,13 @@ def main() -> None:
     parser.add_argument("--model", default="wide_mlp")
     parser.add_argument("--collective", default="auto")
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--json")
+    parser.add_argument("--json", help="where the JSON goes (default benchmarks/results/ddp_peer_<ranks>ranks.json)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         worker(args)
         return
-    from workbench.runtime.launcher import run_mpi
+    from workbench.runtime.launch.mpiexec import run_mpi
     forwarded = [a for a in sys.argv[1:] if a != "--worker"]
     run_mpi(args.ranks, [str(Path(__file__).resolve()), "--worker", *forwarded], stream=True, timeout=900)
 

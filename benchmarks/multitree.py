@@ -3,27 +3,35 @@ and MultiTree on the paper's six networks (16 GB/s, 150 ns links, 32 KiB to 64 M
 step counts against the published ones, the simulator's speed, the flow model beside the
 lock-step one, and the calibration against this machine's measured all-reduces.
 
-    .venv/bin/python benchmarks/multitree.py [--json benchmarks/results/multitree.json] [--quick]
+    .venv/bin/python benchmarks/multitree.py [--json FILE] [--quick]
+
+Every number goes to JSON: benchmarks/results/multitree.json (multitree_quick.json with --quick).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from pathlib import Path
 
 from tabulate import tabulate
 
 from workbench.collectives import schedules, simulate, study, topology
-from workbench.collectives.calibrate import calibrate
-from workbench.collectives.multitree import multitree_trees
-from workbench.collectives.schedule import Schedule
+from workbench.netsim.calibration import calibrate
+from workbench.schedules.topology_aware import multitree_trees
+from workbench.schedules.schedule import Schedule
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MEASURED = RESULTS / "allreduce_4ranks.json"  # `make bench`
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--json", help="write every number as JSON")
+    parser.add_argument("--json", help="where every number goes as JSON (default benchmarks/results/multitree.json, "
+                                       "multitree_quick.json with --quick)")
     parser.add_argument("--quick", action="store_true", help="skip the 1024-node build and the flow model")
     args = parser.parse_args()
+    args.json = args.json or RESULTS / ("multitree_quick.json" if args.quick else "multitree.json")
     out: dict = {"networks": {}}
 
     print("## Tree steps T (all-gather half; the all-reduce has 2T steps)\n")
@@ -108,9 +116,9 @@ def main() -> None:
     print(tabulate(rows, headers=["network", "nodes", "T", "build trees s", "simulate 64 MiB s"]))
     out["speed"] = rows
 
-    print("\n## Calibration to this machine (benchmarks/results/allreduce_4ranks.json)\n")
+    print(f"\n## Calibration to this machine ({MEASURED})\n")
     for topo in (topology.fully_connected(4), topology.bus(4)):
-        cal = calibrate("benchmarks/results/allreduce_4ranks.json", topo)
+        cal = calibrate(MEASURED, topo)
         print(cal)
         rows = [[r.algorithm, study.size_label(r.bytes), f"{r.measured_s * 1e3:.3f}", f"{r.predicted_s * 1e3:.3f}",
                  f"{r.error:+.0%}"] for r in cal.table.itertuples()]
@@ -118,10 +126,9 @@ def main() -> None:
         print()
         out[f"calibration_{topo.kind}"] = {"link_latency": cal.link_latency, "link_bandwidth": cal.link_bandwidth,
                                            "within_25pct": cal.within(), "table": rows}
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1, default=str)
-        print(f"wrote {args.json}")
+    with open(args.json, "w") as fh:
+        json.dump(out, fh, indent=1, default=str)
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 Every algorithm runs with its default hyper-parameters on the same model and data, for several
 seeds; the tables give the median time to the target and the spread (min-max over seeds), the
 paper's pairs first (Async EASGD vs Async SGD, Async MEASGD vs Async MSGD, Hogwild EASGD vs
-Hogwild SGD), then all nine ranked by median.
+Hogwild SGD), then all nine ranked by median. The raw results go to JSON (default
+benchmarks/results/ordering_<ranks>ranks.json).
 
     python benchmarks/ordering.py [--ranks 4] [--seeds 0,1,2] [--target 0.9] [--json FILE]
 """
@@ -19,8 +20,9 @@ from tabulate import tabulate
 
 from workbench.config import RunConfig
 from workbench.optim.registry import ALGORITHMS
-from workbench.runtime.batch import time_to_accuracy, train
+from workbench.runtime.launch.batch import time_to_accuracy, train
 
+RESULTS = Path(__file__).resolve().parent / "results"
 PAIRS = [("async-easgd", "async-sgd"), ("async-measgd", "async-msgd"), ("hogwild-easgd", "hogwild-sgd")]
 
 
@@ -40,8 +42,9 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--target", type=float, default=0.9)
-    parser.add_argument("--json", help="also write the raw results here")
+    parser.add_argument("--json", help="where the raw results go (default benchmarks/results/ordering_<ranks>ranks.json)")
     args = parser.parse_args()
+    args.json = args.json or RESULTS / f"ordering_{args.ranks}ranks.json"
     seeds = [int(s) for s in args.seeds.split(",")]
     results: dict[str, list[dict]] = {name: [] for name in ALGORITHMS}
     with tempfile.TemporaryDirectory() as tmp:
@@ -70,10 +73,9 @@ def main() -> None:
             for i, name in enumerate(sorted(ALGORITHMS, key=key))]
     print(tabulate(rows, headers=["rank", "algorithm", f"s to {args.target:g}", "final acc (median)",
                                   "train wall s (median)"]))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"ranks": args.ranks, "model": args.model, "epochs": args.epochs,
-                                               "target": args.target, "seeds": seeds, "results": results},
-                                              indent=1))
+    Path(args.json).write_text(json.dumps({"ranks": args.ranks, "model": args.model, "epochs": args.epochs,
+                                           "target": args.target, "seeds": seeds, "results": results}, indent=1))
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import tempfile
 
 import pytest
 
-from workbench.runtime.launcher import MPILaunchError, run_mpi
+from workbench.runtime.launch.mpiexec import MPILaunchError, run_mpi
 
 ROOT = Path(__file__).resolve().parent.parent
 MPI_DIR = Path(__file__).resolve().parent / "mpi"

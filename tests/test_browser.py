@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -16,16 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from workbench.runtime.launch.ports import free_port
+
 CHROMIUM = "/usr/bin/chromium"
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "01_quickstart.ipynb"
 
 pytestmark = [pytest.mark.browser, pytest.mark.mpi]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -34,7 +29,7 @@ def lab(tmp_path):
     root = tmp_path / "lab"
     root.mkdir()
     shutil.copy(NOTEBOOK, root / NOTEBOOK.name)  # the lab autosaves: never touch the repository's copy
-    port, token = _free_port(), "workbench-browser-test"
+    port, token = free_port(), "workbench-browser-test"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",

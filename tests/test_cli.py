@@ -20,7 +20,7 @@ from workbench.cli import main
 ])
 def test_bad_bench_arguments_name_the_option_and_allowed_values(argv, message, capsys, monkeypatch):
     launched = []
-    monkeypatch.setattr("workbench.cli.run_mpi", lambda *a, **k: launched.append(a))
+    monkeypatch.setattr("workbench.cli.bench.run_mpi", lambda *a, **k: launched.append(a))
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "allreduce", *argv])
     assert exit_info.value.code == 2
@@ -64,10 +64,29 @@ def test_bench_allreduce_prints_a_table_and_writes_json(tmp_path, monkeypatch):
 
 
 def test_bench_failure_is_reported_with_exit_code_1(tmp_path, monkeypatch, capsys):
-    from workbench.runtime.launcher import MPILaunchError
+    from workbench.runtime.launch.mpiexec import MPILaunchError
 
     def fail(*args, **kwargs):
         raise MPILaunchError("MPI job on 2 ranks exited with code 1: rank(s) 1 failed", [1], "")
-    monkeypatch.setattr("workbench.cli.run_mpi", fail)
+    monkeypatch.setattr("workbench.cli.bench.run_mpi", fail)
     assert main(["bench", "allreduce", "--ranks", "2"]) == 1
     assert "rank(s) 1 failed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("algorithm", ["sync-easgd", "easgd", "async-msgd", "sync-sgd"])
+def test_train_without_options_is_runconfig_with_its_defaults(algorithm):
+    # the CLI takes its defaults from RunConfig: nothing given on the command line means RunConfig's own
+    from workbench.cli import build_parser
+    from workbench.cli.training import _config
+    from workbench.config import RunConfig
+    args = build_parser().parse_args(["train", "--algorithm", algorithm])
+    assert _config(args, algorithm) == RunConfig(algorithm=algorithm)
+
+
+def test_every_subcommand_names_the_function_that_runs_it():
+    from workbench.cli import build_parser
+    parser = build_parser()
+    for argv in (["algorithms"], ["runs"], ["simulate", "--topology", "ring:4"], ["calibrate"],
+                 ["train", "--algorithm", "easgd"], ["compare", "--algorithms", "easgd"], ["bench", "allreduce"]):
+        args = parser.parse_args(argv)
+        assert callable(args.func) and args.func.__module__.startswith("workbench.cli"), argv

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from workbench.config import ConfigError, RunConfig
-from workbench.runtime import cluster as cluster_mod
-from workbench.runtime.cluster import Cluster, cleanup_stale_clusters
-from workbench.runtime.run import RunError
+from workbench.runtime.client import records
+from workbench.runtime.client.cluster import Cluster, cleanup_stale_clusters
+from workbench.runtime.client.run import RunError
 
 pytestmark = pytest.mark.mpi
 
@@ -46,7 +46,7 @@ def test_engines_are_the_mpi_ranks_and_the_cluster_is_recorded(cluster, state_di
     assert sorted(cluster.ranks.values()) == [0, 1, 2, 3]
     record = json.loads((state_dir / "clusters" / f"{cluster.cluster_id}.json").read_text())
     assert record["owner_pid"] == os.getpid() and record["n"] == 4
-    assert len(cluster_mod._processes_of(cluster.cluster_id)) >= 5  # controller + 4 engines
+    assert len(records.processes_of(cluster.cluster_id)) >= 5  # controller + 4 engines
 
 
 def test_train_streams_history_while_running_and_returns_the_result(cluster, tmp_path):
@@ -66,7 +66,10 @@ def test_train_streams_history_while_running_and_returns_the_result(cluster, tmp
     # the live spans are the saved ones, plus rank 0's final evaluation (after the trace was saved)
     assert len(result.trace) <= len(run.trace) <= len(result.trace) + 1
     latencies = sorted(run.latencies)
-    assert latencies[len(latencies) // 2] < 0.1  # rank -> notebook, median, seconds
+    # rank -> notebook per batch, median, seconds: 2-6 ms in benchmarks/live_latency.py and
+    # benchmarks/cluster.py runs on this shared 2-core machine; the limit only catches a stream that
+    # holds batches back, not a slow machine
+    assert latencies[len(latencies) // 2] < 1.0
 
 
 def test_ranks_below_n_use_the_first_ranks_and_master_algorithms_work(cluster, tmp_path):
@@ -86,8 +89,11 @@ def test_failing_rank_raises_run_error_naming_it_and_cluster_stays_usable(cluste
     start = time.monotonic()
     run = cluster.train(cfg, tmp_path / "fail", store=False)
     with pytest.raises(RunError) as info:
-        run.wait(timeout=60)
-    assert time.monotonic() - start < 30
+        run.wait(timeout=300)
+    # the failure ends the run at once (GRACE_SECONDS = 3, then the kill and the engines' restart);
+    # a run whose other ranks were never killed would wait out the 300 s timeout. Generous: this
+    # machine has 2 cores shared with other jobs
+    assert time.monotonic() - start < 150
     assert info.value.rank == 2 and "injected failure on rank 2" in str(info.value)
     assert "Traceback" in str(info.value)
     assert run.status == "failed"
@@ -167,7 +173,7 @@ def test_slurm_batch_script_has_the_hpc_settings(state_dir, tmp_path):
 def _start_and_die(state_dir: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
     script = textwrap.dedent("""
         import os, sys
-        from workbench.runtime.cluster import Cluster
+        from workbench.runtime.client.cluster import Cluster
         c = Cluster(n=2).start()
         print(c.cluster_id, flush=True)
         os.kill(os.getpid(), 9)  # a kernel that dies without stopping its cluster
@@ -180,7 +186,7 @@ def test_cluster_left_by_a_dead_kernel_is_stopped_by_the_next(tmp_path):
     state = tmp_path / "state"
     proc = _start_and_die(state)
     cluster_id = proc.stdout.strip().splitlines()[0]
-    assert cluster_mod._processes_of(cluster_id), "the dead kernel's engines should still run"
+    assert records.processes_of(cluster_id), "the dead kernel's engines should still run"
     os.environ["WORKBENCH_STATE_DIR"], old = str(state), os.environ.get("WORKBENCH_STATE_DIR")
     try:
         assert cleanup_stale_clusters() == [cluster_id]
@@ -188,7 +194,7 @@ def test_cluster_left_by_a_dead_kernel_is_stopped_by_the_next(tmp_path):
         os.environ["WORKBENCH_STATE_DIR"] = old if old is not None else ""
         if old is None:
             os.environ.pop("WORKBENCH_STATE_DIR")
-    assert cluster_mod._processes_of(cluster_id) == []
+    assert records.processes_of(cluster_id) == []
     assert not list((state / "clusters").glob("*.json"))
 
 
@@ -196,14 +202,14 @@ def test_works_when_path_lacks_the_venv_and_stops_clean(tmp_path):
     script = textwrap.dedent("""
         import glob, os, time
         import workbench as wb
-        from workbench.runtime import cluster as cm
-        from workbench.runtime.launcher import mapped_shm
+        from workbench.runtime.client import records
+        from workbench.runtime.launch.shm import mapped_shm
         shm_before = {os.path.basename(p) for p in glob.glob("/dev/shm/mpich_shm_*")}
         with wb.Cluster(n=2) as c:
             r = c.train(wb.RunConfig(algorithm="sync-sgd", ranks=2, epochs=1), store=False).wait(60)
             cid = c.cluster_id
         assert r.status == "finished", r
-        assert cm._processes_of(cid) == [], "processes left after stop"
+        assert records.processes_of(cid) == [], "processes left after stop"
         new = {os.path.basename(p) for p in glob.glob("/dev/shm/mpich_shm_*")} - shm_before
         # segments of other jobs running meanwhile are mapped by their processes
         assert not new - mapped_shm(), f"shm files left: {new - mapped_shm()}"
@@ -262,3 +268,22 @@ def test_sweep_panel_launches_from_its_widgets(cluster, tmp_path):
     assert panel.progress.value == 2 and "done" in panel.status.value
     assert panel.table.value.count("<tr") == 3  # header + two runs
     assert len(panel.figure.data) == 1
+
+
+@pytest.mark.mpi
+def test_stop_in_a_notebook_is_quiet_and_keeps_the_log(tmp_path):
+    # in a kernel ipyparallel logs to the cell's output: stopping printed the engines' whole log
+    import nbformat
+    from nbclient import NotebookClient
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("import time, workbench as wb\nc = wb.Cluster(n=2).start()"),
+                nbformat.v4.new_code_cell("c.stop()"),
+                nbformat.v4.new_code_cell("time.sleep(2)"),  # the launchers report a stop a moment later
+                nbformat.v4.new_code_cell("print(c.log_tail(200))")]
+    env_cells = {"WORKBENCH_STATE_DIR": str(tmp_path / "state")}
+    nb.cells.insert(0, nbformat.v4.new_code_cell(f"import os\nos.environ.update({env_cells!r})"))
+    NotebookClient(nb, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = [[o.get("text", "") + str(o.get("data", "")) for o in cell.outputs] for cell in nb.cells]
+    assert outputs[1:4] == [[], [], []], outputs[1:4]
+    kept = "".join(outputs[4])
+    assert "Stopping controller" in kept and "IPEngine" in kept, kept[-2000:]

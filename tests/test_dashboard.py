@@ -1,6 +1,7 @@
 """The dashboard: figures from a real run, replay, static HTML, live redraws at <= 2 Hz."""
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -10,7 +11,7 @@ import pytest
 from workbench.config import RunConfig
 from workbench.dashboard import Dashboard, time_shares
 from workbench.results import RunObserver, RunResult, history_frame
-from workbench.runtime.batch import train
+from workbench.runtime.launch.batch import train
 
 pytestmark = pytest.mark.mpi
 
@@ -48,6 +49,9 @@ def test_time_shares_sum_to_one_and_match_the_summary(sync_run):
     compute = shares["compute"].mean()
     expected = sync_run.summary["time_in"]["compute"] / sync_run.summary["wall_seconds"]
     assert compute == pytest.approx(expected, abs=0.15)
+    # one definition: the dashboard's comm + wait bars are summary.json's comm_fraction (the ranks'
+    # wall ends at their loop's end, the bars' at their last span: a hair apart)
+    assert (shares["comm"] + shares["wait"]).mean() == pytest.approx(sync_run.summary["comm_fraction"], abs=0.02)
 
 
 def test_timeline_has_one_row_per_rank_coloured_by_category(sync_run, master_run):
@@ -123,6 +127,36 @@ def test_live_dashboard_redraws_at_most_twice_a_second(sync_run):
     # 300 data notifications in ~1.5 s: a dashboard that redrew on each would show ~300 redraws
     assert 2 <= dash.redraws <= 2 * elapsed + 2 and dash.redraws < source.calls / 10
     assert f"step {sync_run.summary['steps']}/" in dash.status.value and "finished" in dash.status.value
+
+
+def test_a_redraw_that_raises_is_logged_and_shown_in_the_status_line(sync_run, monkeypatch, caplog):
+    import workbench.dashboard as dashboard_module
+    real, calls = dashboard_module.loss_traces, []
+
+    def failing_after_the_first_draw(history, algorithm=None):
+        calls.append(len(history))
+        if len(calls) > 1:  # the constructor's draw works; every live redraw fails
+            raise ValueError("cannot draw <loss>\nsecond line")
+        return real(history, algorithm)
+
+    monkeypatch.setattr(dashboard_module, "loss_traces", failing_after_the_first_draw)
+    source = _Replayer(sync_run)
+    with caplog.at_level(logging.ERROR, logger="workbench.dashboard"):
+        dash = Dashboard(source)
+        assert "drawing failed" not in dash.status.value
+        player = threading.Thread(target=source.play)
+        player.start()
+        player.join()
+        dash._thread.join(timeout=5)
+    assert not dash._thread.is_alive()  # the loop survived the errors and ended with the run
+    assert len(dash.errors) >= 2 and all(isinstance(e, ValueError) for e in dash.errors)
+    status = dash.status.value
+    assert f"drawing failed {len(dash.errors)} times" in status
+    assert "ValueError: cannot draw &lt;loss&gt;" in status and "second line" not in status  # escaped, one line
+    assert "finished" in status  # the rest of the status line is the run's current state
+    logged = [r for r in caplog.records if r.name == "workbench.dashboard"]
+    assert len(logged) == len(dash.errors)
+    assert all(r.levelno == logging.ERROR and r.exc_info[0] is ValueError for r in logged)
 
 
 def test_the_accuracy_line_says_whose_weights_were_evaluated():

@@ -9,20 +9,42 @@ from pathlib import Path
 import pytest
 
 from workbench.collectives import schedules
-from workbench.runtime.launcher import MPILaunchError, mapped_shm, remove_orphaned_shm, run_mpi
+from workbench.runtime.launch.mpiexec import MPILaunchError, run_mpi
+from workbench.runtime.launch.shm import mapped_shm, remove_orphaned_shm
 
 pytestmark = pytest.mark.mpi
 
 
-@pytest.fixture(scope="module")
-def case_count() -> int:
-    """How many cases tests/mpi/allreduce_cases.py holds (collected in a one-rank process)."""
+def collected(path: str) -> int:
+    """How many cases the pytest file ``path`` holds (collected in a one-rank process)."""
     import subprocess
     import sys
     out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                          "-o", "addopts=", "tests/mpi/allreduce_cases.py"], capture_output=True, text=True,
+                          "-o", "addopts=", path], capture_output=True, text=True,
                          timeout=120, cwd=Path(__file__).resolve().parent.parent).stdout
     return int(re.search(r"(\d+) tests? collected", out).group(1))
+
+
+@pytest.fixture(scope="module")
+def case_count() -> int:
+    """How many cases tests/mpi/allreduce_cases.py holds."""
+    return collected("tests/mpi/allreduce_cases.py")
+
+
+@pytest.fixture(scope="module")
+def nonblocking_count() -> int:
+    """How many cases tests/mpi/nonblocking_cases.py holds."""
+    return collected("tests/mpi/nonblocking_cases.py")
+
+
+def assert_every_rank_passed(result, nranks: int, expected: int) -> None:
+    """Every rank's pytest summary says ``expected`` passed, nothing failed or errored."""
+    for rank in range(nranks):
+        summary = [line for line in result.lines_of(rank) if re.search(r"\d+ passed", line)]
+        assert summary, f"rank {rank} printed no pytest summary:\n{result.output[-3000:]}"
+        assert "failed" not in summary[-1] and "error" not in summary[-1], summary[-1]
+        passed = int(re.search(r"(\d+) passed", summary[-1]).group(1))
+        assert passed == expected, summary[-1]  # the whole matrix ran on every rank
 
 
 @pytest.mark.parametrize("nranks", [1, 2, 3, 4, 5])
@@ -30,12 +52,18 @@ def test_allreduce_cases_under_mpiexec(mpi, nranks, case_count):
     """Every algorithm x dtype x odd length, numpy and torch, against MPI_Allreduce."""
     result = mpi(nranks, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
                  "tests/mpi/allreduce_cases.py", timeout=280)
-    for rank in range(nranks):
-        summary = [line for line in result.lines_of(rank) if re.search(r"\d+ passed", line)]
-        assert summary, f"rank {rank} printed no pytest summary:\n{result.output[-3000:]}"
-        assert "failed" not in summary[-1] and "error" not in summary[-1], summary[-1]
-        passed = int(re.search(r"(\d+) passed", summary[-1]).group(1))
-        assert passed == case_count > 190, summary[-1]  # the whole matrix ran on every rank
+    assert case_count > 190
+    assert_every_rank_passed(result, nranks, case_count)
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4, 5])
+def test_nonblocking_cases_under_mpiexec(mpi, nranks, nonblocking_count):
+    """iallreduce: every algorithm x dtype x odd length against the blocking path, handles in
+    flight together and waited in rank-dependent orders, progress(), timeouts, mismatches."""
+    result = mpi(nranks, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                 "tests/mpi/nonblocking_cases.py", timeout=240)
+    assert nonblocking_count > 100
+    assert_every_rank_passed(result, nranks, nonblocking_count)
 
 
 @pytest.mark.parametrize("algorithm", [*schedules.ALGORITHMS, "native"])
@@ -69,7 +97,7 @@ def test_a_hanging_rank_is_killed_at_the_timeout():
 
 @pytest.mark.parametrize("bad", [0, -2, 1.5, True])
 def test_bad_rank_count_is_refused_before_launch(bad):
-    with pytest.raises(ValueError, match="nranks must be an integer >= 1"):
+    with pytest.raises(ValueError, match="nranks must be an integer >= 1; got"):
         run_mpi(bad, ["-c", "pass"])
 
 

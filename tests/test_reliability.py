@@ -15,10 +15,10 @@ import pytest
 import zmq
 
 from workbench.config import RunConfig
-from workbench.runtime import cluster as cluster_mod
-from workbench.runtime.cluster import Cluster, cleanup_stale_clusters
-from workbench.runtime.live import sign
-from workbench.runtime.run import RunError
+from workbench.runtime.client import records
+from workbench.runtime.client.cluster import Cluster, cleanup_stale_clusters
+from workbench.runtime.stream import sign
+from workbench.runtime.client.run import RunError
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_a_dead_kernels_cluster_leaves_no_files_after_cleanup(tmp_path):
     state = tmp_path / "state"
     script = textwrap.dedent("""
         import os
-        from workbench.runtime.cluster import Cluster
+        from workbench.runtime.client.cluster import Cluster
         c = Cluster(n=2).start()
         print(c.cluster_id, flush=True)
         os.kill(os.getpid(), 9)
@@ -137,7 +137,7 @@ def test_a_dead_kernels_cluster_leaves_no_files_after_cleanup(tmp_path):
             os.environ.pop("WORKBENCH_STATE_DIR")
         else:
             os.environ["WORKBENCH_STATE_DIR"] = old
-    assert cluster_mod._processes_of(cluster_id) == []
+    assert records.processes_of(cluster_id) == []
     assert left() == []
 
 
@@ -153,7 +153,8 @@ CLIENT_SNIPPETS = {
     "store": "import workbench as wb; wb.Store(sys.argv[1] + '/s.sqlite').runs()",
     "cli": "from workbench.cli import main\n"
            "for argv in (['algorithms'], ['runs', '--store', sys.argv[1] + '/s.sqlite'],\n"
-           "             ['simulate', '--topology', 'ring:4', '--sizes', '4K'], ['calibrate']):\n"
+           "             ['simulate', '--topology', 'ring:4', '--sizes', '4K'],\n"
+           "             ['calibrate', '--json', 'tests/fixtures/allreduce_4ranks.json']):\n"
            "    assert main(argv) == 0, argv\n"
            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass",
 }
@@ -217,9 +218,10 @@ def test_live_sink_loses_no_record_when_threads_record_at_once(monkeypatch):
     # old code in 6 tries (CPython switches threads rarely); it checks that nothing is lost.
     import threading
 
-    monkeypatch.setattr("workbench.runtime.live.FLUSH_SECONDS", 0.0)  # every record flushes: many swaps
+    monkeypatch.setattr("workbench.runtime.rank.sink.FLUSH_SECONDS", 0.0)  # every record flushes: many swaps
 
-    from workbench.runtime.live import LiveSink, new_secret, verify
+    from workbench.runtime.rank.sink import LiveSink
+    from workbench.runtime.stream import new_secret, verify
     secret, context = new_secret(), zmq.Context.instance()
     pull = context.socket(zmq.PULL)
     port = pull.bind_to_random_port("tcp://127.0.0.1")

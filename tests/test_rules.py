@@ -61,7 +61,7 @@ def test_rules_are_pure(call):
 
 
 def test_exposed_communication_counts_overlap_once_and_hides_compute():
-    from workbench.runtime.telemetry import busy_seconds, exposed_comm_seconds
+    from workbench.telemetry import busy_seconds, exposed_comm_seconds
     us = 1e6
     events = [
         {"cat": "comm", "ts": 0, "dur": 4 * us},      # 0-4 s, a comm thread ...

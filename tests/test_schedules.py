@@ -6,7 +6,7 @@ import math
 import pytest
 
 from workbench.collectives import Schedule, ScheduleError, Transfer, chunk_bounds, schedules
-from workbench.collectives.schedules import double_binary_trees, nccl_btree
+from workbench.schedules.generators import double_binary_trees, nccl_btree
 
 RANKS = range(1, 18)
 ALL = sorted(schedules.ALGORITHMS)

@@ -274,7 +274,7 @@ def test_the_environment_variable_and_the_default_choose_the_file(tmp_path, monk
 
 @pytest.mark.mpi
 def test_a_real_run_directory_round_trips(tmp_path, store, monkeypatch):
-    from workbench.runtime.batch import train
+    from workbench.runtime.launch.batch import train
     monkeypatch.setenv("WORKBENCH_TUNING_CACHE", str(tmp_path / "tuning.json"))
     train(RunConfig(algorithm="sync-easgd", ranks=2, epochs=1), tmp_path / "run")
     run_id = store.add_run_dir(tmp_path / "run")

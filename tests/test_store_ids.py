@@ -29,7 +29,7 @@ def _finished(run_id: str) -> RunResult:
 
 
 def test_two_folders_of_the_same_name_are_two_runs(store, tmp_path):
-    from workbench.runtime.batch import run_id_for
+    from workbench.runtime.rundir import run_id_for
     cfg = RunConfig(algorithm="sync-sgd", ranks=2)
     first = run_id_for(tmp_path / "a" / "myrun", cfg, store)
     store.start_run(first, cfg.to_dict(), run_dir=str(tmp_path / "a" / "myrun"))
@@ -101,7 +101,7 @@ def test_a_version_1_store_is_migrated_and_keeps_its_runs(tmp_path):
 
 def test_make_run_dir_refuses_a_folder_holding_a_run(tmp_path):
     from workbench.config import ConfigError
-    from workbench.runtime.batch import make_run_dir
+    from workbench.runtime.rundir import make_run_dir
     run = make_run_dir(tmp_path / "run", "--out")
     (run / "config.json").write_text("{}")
     with pytest.raises(ConfigError, match="--out: .* already holds a run"):

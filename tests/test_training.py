@@ -12,9 +12,9 @@ import torch
 
 from workbench.config import RunConfig
 from workbench.optim import ALGORITHMS
-from workbench.runtime import checkpoint
-from workbench.runtime.batch import train
-from workbench.runtime.launcher import MPILaunchError
+from workbench.runtime.rank import checkpoint
+from workbench.runtime.launch.batch import train
+from workbench.runtime.launch.mpiexec import MPILaunchError
 
 pytestmark = pytest.mark.mpi
 SUMMARY_KEYS = {"algorithm", "ranks", "config", "final_test_accuracy", "final_loss", "wall_seconds",
@@ -59,7 +59,7 @@ def test_failure_keeps_a_valid_checkpoint_and_resume_equals_uninterrupted(tmp_pa
         train(RunConfig(**base, fail_rank=2, fail_step=95), tmp_path / "broken")
     # the failure stops the job at once (about 10 s here, 35-42 s measured under load): a hang
     # would run to the 1800 s default timeout; speed belongs in benchmarks/, not here
-    assert time.monotonic() - start < 120
+    assert time.monotonic() - start < 300
     assert info.value.failed_ranks == [2]
     assert "injected failure on rank 2 at step 95" in str(info.value) and "Traceback" in str(info.value)
     assert checkpoint.latest_step(tmp_path / "broken") == 80

@@ -153,7 +153,7 @@ def user_modules(tmp_path, monkeypatch):
 def launches(monkeypatch):
     """mpiexec replaced by a recorder: every case must leave it empty."""
     launched = []
-    monkeypatch.setattr("workbench.runtime.batch.run_mpi", lambda *a, **k: launched.append(a))
+    monkeypatch.setattr("workbench.runtime.launch.batch.run_mpi", lambda *a, **k: launched.append(a))
     return launched
 
 
@@ -203,13 +203,14 @@ def test_a_good_user_model_passes_and_keeps_the_callers_random_state(user_module
 
 
 def test_a_matching_checkpoint_is_accepted(tmp_path):
-    from workbench.runtime import checkpoint
+    from workbench.runtime.rank import checkpoint
     checkpoint.check_resume(_other_run(tmp_path / "r"), RunConfig(algorithm="sync-easgd", ranks=2, epochs=3))
 
 
 def test_compare_drops_options_an_algorithm_ignores_with_a_note(tmp_path, monkeypatch, capsys, launches):
     """compare shares its options among algorithms: an ignored one is left out for that algorithm."""
-    from workbench.cli import _config, build_parser
+    from workbench.cli import build_parser
+    from workbench.cli.training import _config
     args = build_parser().parse_args(["compare", "--algorithms", "sync-sgd,sync-easgd", "--tau", "4"])
     assert _config(args, "sync-sgd", shared=True).tau == 1
     assert "sync-sgd ignores --tau" in capsys.readouterr().err
@@ -254,7 +255,7 @@ def test_checkpoints_load_weights_only_even_where_torch_defaults_otherwise(tmp_p
 
     import torch
 
-    from workbench.runtime import checkpoint
+    from workbench.runtime.rank import checkpoint
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     marker = tmp_path / "code-ran"
     (tmp_path / "checkpoint" / "async").mkdir(parents=True)
@@ -284,7 +285,7 @@ def _mode(path: Path) -> int:
 
 
 def test_the_store_and_run_directories_are_private_unless_shared(tmp_path, monkeypatch, umask_022):
-    from workbench.runtime.batch import make_run_dir
+    from workbench.runtime.rundir import make_run_dir
     from workbench.store import Store
     monkeypatch.delenv("WORKBENCH_SHARED", raising=False)
     store = Store(tmp_path / "private.sqlite")

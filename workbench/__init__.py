@@ -18,35 +18,24 @@ Heavy parts (mpi4py, torch, pandas, ipyparallel, widgets, plotly) load on first 
 workbench, building a ``RunConfig`` and driving a ``Cluster`` never initialise MPI in the
 notebook kernel or on a login node (only the ranks do), and ``import workbench`` stays cheap.
 """
-from importlib import import_module
-
 from .config import ConfigError, RunConfig
+from .lazy import lazy
 from .optim.registry import algorithms
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "collectives": "workbench",
-    "allreduce": "workbench.collectives",
-    "RunResult": "workbench.results",
-    "Cluster": "workbench.runtime.cluster",
-    "Run": "workbench.runtime.run",
-    "RunError": "workbench.runtime.run",
-    "Dashboard": "workbench.dashboard",
-    "Store": "workbench.store",
-    "Sweep": "workbench.sweep",
-    "SweepPanel": "workbench.dashboard.sweep_panel",
-}
+__getattr__, __dir__ = lazy(__name__, {
+    "collectives": (".collectives", None),
+    "allreduce": (".comm.mpi_allreduce", "allreduce"),
+    "RunResult": (".results", "RunResult"),
+    "Cluster": (".runtime.client.cluster", "Cluster"),
+    "Run": (".runtime.client.run", "Run"),
+    "RunError": (".runtime.client.run", "RunError"),
+    "Dashboard": (".dashboard", "Dashboard"),
+    "Store": (".store", "Store"),
+    "Sweep": (".sweep", "Sweep"),
+    "SweepPanel": (".dashboard.sweep_panel", "SweepPanel"),
+})
 
-__all__ = ["collectives", "allreduce", "algorithms", "RunConfig", "ConfigError", "RunResult",
-           *_LAZY, "__version__"]
-
-
-def __getattr__(name: str):
-    if name == "collectives":
-        value = import_module("workbench.collectives")
-    elif name in _LAZY:
-        value = getattr(import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'workbench' has no attribute {name!r}")
+__all__ = ["collectives", "allreduce", "algorithms", "RunConfig", "ConfigError", "RunResult", "Cluster", "Run",
+           "RunError", "Dashboard", "Store", "Sweep", "SweepPanel", "__version__"]

@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .collectives import algorithm_names as collective_names
+from .checks import integer
+from .comm.names import algorithm_names as collective_names
 from .optim.registry import ALGORITHMS
 
 #: Per-algorithm defaults for lr and momentum (reach >= 0.88 test accuracy on digits, 4 ranks).
@@ -46,7 +47,8 @@ def ignored_options(algorithm: str, values: dict[str, Any], derived_rho: float |
                     ) -> list[tuple[str, str]]:
     """The options in ``values`` that ``algorithm`` would silently ignore, as ``(name, why)``.
 
-    An option counts only when it is set to something other than "not set" (:data:`UNSET`):
+    An option counts only when it is set to something other than "not set" (:data:`UNSET`) and
+    the algorithm's registry entry does not use it (:meth:`~workbench.optim.registry.AlgorithmSpec.uses`):
     ``collective`` other than ``native`` on a master-based algorithm (no all-reduce: workers
     exchange with rank 0); ``tau`` other than 1 on ``sync-sgd`` (it all-reduces gradients every
     step); ``rho`` on an algorithm without an elastic term (the SGD baselines), unless it equals
@@ -56,25 +58,28 @@ def ignored_options(algorithm: str, values: dict[str, Any], derived_rho: float |
     algorithms drops them for the algorithms that ignore them (:func:`without_ignored`).
     """
     spec = ALGORITHMS[algorithm]
+
+    def users(option: str) -> str:
+        return ", ".join(name for name, s in ALGORITHMS.items() if s.uses(option))
+
     found = []
     collective = values.get("collective", UNSET["collective"])
-    if spec.master_based and collective != UNSET["collective"]:
+    if not spec.uses("collective") and collective != UNSET["collective"]:
         found.append(("collective", f"collective: {algorithm} is master-based (workers exchange with rank 0, "
                                     f"no all-reduce), so it ignores collective={collective!r}; leave it "
-                                    f"at 'native' (or pick a synchronous algorithm: sync-sgd, sync-easgd)"))
+                                    f"at 'native' (or pick a synchronous algorithm: {users('collective')})"))
     tau = values.get("tau", UNSET["tau"])
-    if not spec.master_based and not spec.elastic and tau != UNSET["tau"]:
+    if not spec.uses("tau") and tau != UNSET["tau"]:
         found.append(("tau", f"tau: {algorithm} all-reduces gradients every step and ignores tau={tau!r}; "
                              f"leave it at 1 (tau is the communication period of the EASGD family and "
                              f"of the master-based algorithms)"))
     rho = values.get("rho")
-    if not spec.elastic and rho is not None and not (derived_rho is not None and isinstance(rho, (int, float))
-                                                     and math.isclose(rho, derived_rho, rel_tol=1e-9)):
+    derived = derived_rho is not None and isinstance(rho, (int, float)) and math.isclose(rho, derived_rho, rel_tol=1e-9)
+    if not spec.uses("rho") and rho is not None and not derived:
         found.append(("rho", f"rho: {algorithm} has no elastic term and ignores rho={rho!r}; leave rho "
-                             f"unset (it applies to easgd, async-easgd, async-measgd, hogwild-easgd, "
-                             f"sync-easgd)"))
+                             f"unset (it applies to {users('rho')})"))
     momentum = values.get("momentum")
-    if spec.elastic and not spec.momentum and momentum not in (None, 0, 0.0):
+    if not spec.uses("momentum") and momentum not in (None, 0, 0.0):
         found.append(("momentum", f"momentum: {algorithm} does not use momentum (got {momentum!r}); leave it "
                                   f"unset (async-measgd is momentum EASGD)"))
     return found
@@ -185,8 +190,7 @@ class RunConfig:
             if (not isinstance(self.fail_rank, int) or isinstance(self.fail_rank, bool)
                     or not 0 <= self.fail_rank < self.ranks):
                 raise ConfigError(f"fail_rank must be a rank in 0..{self.ranks - 1}; got {self.fail_rank!r}")
-            if not isinstance(self.fail_step, int) or isinstance(self.fail_step, bool) or self.fail_step < 0:
-                raise ConfigError(f"fail_step must be an integer >= 0; got {self.fail_step!r}")
+            integer("fail_step", self.fail_step, 0, error=ConfigError)
 
     # -- derived -------------------------------------------------------------------------
     @property
@@ -201,9 +205,7 @@ class RunConfig:
 
     # -- validation helpers --------------------------------------------------------------
     def _int(self, name: str, minimum: int) -> None:
-        value = getattr(self, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise ConfigError(f"{name} must be an integer >= {minimum}; got {value!r}")
+        integer(name, getattr(self, name), minimum, error=ConfigError)
 
     def _number(self, name: str, ok, allowed: str) -> None:
         value = getattr(self, name)

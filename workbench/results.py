@@ -1,7 +1,7 @@
 """What a finished (or failed, or cancelled) run leaves behind: :class:`RunResult`.
 
 A run directory holds ``config.json``, ``summary.json``, ``metrics.jsonl`` and ``trace.json``
-(written by rank 0, see :mod:`workbench.runtime.worker`). The results store
+(written by rank 0, see :mod:`workbench.runtime.rank.worker`). The results store
 (:mod:`workbench.store`) holds the same things in SQLite; both load into a ``RunResult``, which
 is what ``run.wait()`` returns and what the dashboard replays.
 
@@ -20,12 +20,11 @@ from typing import Any
 
 import pandas as pd
 
-from .runtime.telemetry import chrome_trace
+from .summary import STATUSES, Summary, status_of  # noqa: F401 - STATUSES re-exported
+from .telemetry import chrome_trace
 
 HISTORY_COLUMNS = ["kind", "rank", "step", "t", "loss", "test_accuracy", "test_loss", "epoch",
                    "arrivals", "final"]
-
-STATUSES = ("running", "finished", "failed", "cancelled")
 
 
 def history_frame(records: list[dict]) -> pd.DataFrame:
@@ -50,7 +49,7 @@ def time_to_accuracy(history: pd.DataFrame, target: float) -> float | None:
 class RunObserver:
     """Base class for whoever watches a live run (dask-style: do-nothing hooks).
 
-    A live :class:`~workbench.runtime.cluster.Run` calls the hooks from its receiver thread;
+    A live :class:`~workbench.runtime.client.cluster.Run` calls the hooks from its receiver thread;
     keep them cheap (the dashboard only marks itself dirty and redraws at <= 2 Hz).
     """
 
@@ -67,9 +66,10 @@ class RunResult:
 
     Attributes:
         run_id: the run's identifier, unique in its store (its directory's name unless the
-            store already holds a run of that name: see ``runtime.batch.run_id_for``).
+            store already holds a run of that name: see ``runtime.rundir.run_id_for``).
         config: the :class:`~workbench.config.RunConfig` as a dict.
-        summary: ``summary.json`` (None when the run failed before finishing).
+        summary: ``summary.json``, a dict with the keys of :class:`~workbench.summary.Summary`
+            (None when the run failed before finishing).
         history: metrics as a DataFrame (see the module docstring).
         trace: Chrome trace events (``ph == "X"`` spans, ``ts``/``dur`` in microseconds).
         status: one of ``running``, ``finished``, ``failed``, ``cancelled``.
@@ -81,7 +81,7 @@ class RunResult:
 
     run_id: str
     config: dict[str, Any]
-    summary: dict[str, Any] | None = None
+    summary: Summary | None = None
     history: pd.DataFrame = field(default_factory=lambda: history_frame([]))
     trace: list[dict] = field(default_factory=list)
     status: str = "finished"
@@ -102,11 +102,8 @@ class RunResult:
         trace_path = run_dir / "trace.json"
         trace = [e for e in json.loads(trace_path.read_text())["traceEvents"] if e.get("ph") == "X"] \
             if trace_path.exists() else []
-        status = "finished" if summary is not None else "failed"
-        if summary is not None and summary.get("cancelled"):
-            status = "cancelled"
         return cls(run_id=run_id or run_dir.name, config=config, summary=summary,
-                   history=history_frame(records), trace=trace, status=status, run_dir=str(run_dir))
+                   history=history_frame(records), trace=trace, status=status_of(summary), run_dir=str(run_dir))
 
     @property
     def ranks(self) -> int:
@@ -114,7 +111,8 @@ class RunResult:
 
     @property
     def total_steps(self) -> int | None:
-        """Training steps summed over the workers (the progress bar's 100%)."""
+        """Training steps summed over the workers (the progress bar's 100%): the summary's
+        ``steps``, None without a summary."""
         return None if self.summary is None else self.summary.get("steps")
 
     def done(self) -> bool:

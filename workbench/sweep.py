@@ -126,7 +126,7 @@ class Sweep:
         """
         from tqdm.auto import tqdm
 
-        from .runtime.run import RunError
+        from .runtime.client.run import RunError
         self._stop.clear()
         todo = self.pending()
         bar = tqdm(total=len(self.points), initial=len(self.points) - len(todo), desc=self.name,

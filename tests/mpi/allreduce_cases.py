@@ -16,9 +16,9 @@ from mpi4py import MPI
 
 from workbench.collectives import (SUPPORTED_DTYPES, UnsupportedDtypeError, algorithm_names,
                                    allreduce, schedules)
-from workbench.collectives.executor import private_comm
-from workbench.collectives.tuning import _TUNER, Tuner, bucket_of, tuner_for
-from workbench.runtime.telemetry import Telemetry, recording
+from workbench.comm.executor import private_comm
+from workbench.comm.tuning import _TUNER, Tuner, bucket_of, tuner_for
+from workbench.telemetry import Telemetry, recording
 
 torch.set_num_threads(1)
 WORLD = MPI.COMM_WORLD
@@ -76,6 +76,22 @@ def test_schedules_on_random_floats_agree_bitwise_across_ranks(comm_name, algori
                                atol=1e-5)
     digests = comm.allgather(hashlib.sha1(buf.tobytes()).hexdigest())
     assert len(set(digests)) == 1, "ranks ended with different bits"
+
+
+@pytest.mark.parametrize("algorithm", algorithm_names())
+def test_bfloat16_is_summed_in_float32_and_rounded_once_by_every_algorithm(algorithm):
+    # 256 + 1 + 1 + ... in bfloat16 (8 significant bits) stays 256 step by step; summed in float32
+    # and rounded once it is the nearest bfloat16 of the true sum. Native reduces in float32, so
+    # every schedule (and auto, whichever it picks for a size) must give that same value.
+    comm = WORLD
+    for length in (1, 7, 4099):
+        values = np.where(np.arange(length) % 2 == 0, 256.0 if comm.Get_rank() == 0 else 1.0,
+                          0.5 + comm.Get_rank() / 128)
+        mine = torch.tensor(values, dtype=torch.bfloat16)
+        exact = reference(comm, mine.double().numpy())  # small sums of bfloat16 values: exact in float64
+        expected = torch.tensor(exact, dtype=torch.float32).to(torch.bfloat16)
+        out = allreduce(mine, comm, algorithm)
+        assert torch.equal(out, expected), (algorithm, comm.Get_size(), length, out[:4], expected[:4])
 
 
 @pytest.mark.parametrize("algorithm", ["ring", "halving_doubling", "native"])

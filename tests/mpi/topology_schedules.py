@@ -9,8 +9,8 @@ import torch
 from mpi4py import MPI
 
 from workbench.collectives import schedules, topology
-from workbench.collectives.buffers import FlatBuffer
-from workbench.collectives.executor import execute, private_comm
+from workbench.comm.buffers import FlatBuffer
+from workbench.comm.executor import execute, private_comm
 
 rows, cols = int(sys.argv[1]), int(sys.argv[2])
 comm = MPI.COMM_WORLD

@@ -2,7 +2,7 @@
 
 mpi4py ``demo/osu_*`` style: for each size, every algorithm gets warm-up calls, then
 repetitions each preceded by ``Barrier``, algorithms interleaved round by round
-(:func:`~workbench.collectives.tuning.time_interleaved`); a repetition's time is the slowest
+(:func:`~workbench.comm.tuning.time_interleaved`); a repetition's time is the slowest
 rank's; the table shows the median. Bandwidths follow nccl-tests: ``algbw = bytes / time`` and
 ``busbw = algbw * 2(n-1)/n``. ``torch.distributed``'s gloo all-reduce is measured in the same
 processes as a peer.
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import socket
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,9 +19,10 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from ..collectives import allreduce
-from ..collectives.tuning import bucket_of, time_interleaved, tuner_for
-from .sizes import format_size, parse_size  # noqa: F401 - also used by callers of this module
+from ..comm import allreduce
+from ..comm.tuning import bucket_of, time_interleaved, tuner_for
+from ..runtime.launch.ports import free_port
+from ..sizes import format_size, parse_size
 
 GLOO = "gloo"
 
@@ -50,9 +50,7 @@ def _gloo_group(comm: MPI.Comm):
     import torch.distributed as dist
     port = None
     if comm.Get_rank() == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
     port = comm.bcast(port, root=0)
     try:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",

@@ -1,44 +1,28 @@
-"""Collective communication: all-reduce algorithms as data, run over MPI.
+"""The collectives facade of DESIGN.md: one import for the public names of four packages.
 
-``Schedule``/``Transfer`` describe an algorithm; ``schedules`` generates them; ``allreduce``
-runs one over mpi4py, in place; ``topology`` builds networks and ``simulate`` times a
-Schedule on one. See DESIGN.md, "Collectives".
+    from workbench.collectives import Schedule, Transfer, schedules, allreduce, topology, simulate
 
-Only ``allreduce`` (and the executor's errors) need MPI: they load ``mpi4py`` on first use,
-so importing this package (as ``RunConfig`` and the CLI do) never initialises MPI.
+``Schedule``/``Transfer``/``schedules`` come from :mod:`workbench.schedules` (algorithms as data),
+``topology`` is :mod:`workbench.network.topology`, ``simulate`` from :mod:`workbench.netsim` and
+``allreduce`` from :mod:`workbench.comm` (the only one that needs MPI: loaded on first use, so
+importing this facade never initialises MPI).
 """
-from importlib import import_module
+from ..comm.names import AUTO, NATIVE, SUPPORTED_DTYPES, algorithm_names, check_algorithm
+from ..lazy import lazy
+from ..schedules.schedule import Schedule, ScheduleError, Transfer, chunk_bounds
 
-from .names import AUTO, NATIVE, SUPPORTED_DTYPES, algorithm_names, check_algorithm
-from .schedule import Schedule, ScheduleError, Transfer, chunk_bounds
-
-#: name -> (module, attribute or None for the module itself), loaded on first use
-_LAZY = {
-    "schedules": ("schedules", None),
-    "topology": ("topology", None),
-    "study": ("study", None),
-    "simulate": ("simulator", "simulate"),
-    "SimResult": ("simulator", "SimResult"),
-    "allreduce": ("mpi_allreduce", "allreduce"),
-    "UnsupportedDtypeError": ("buffers", "UnsupportedDtypeError"),
-    "LengthMismatchError": ("executor", "LengthMismatchError"),
-}
+__getattr__, __dir__ = lazy(__name__, {
+    "schedules": ("workbench.schedules", None),
+    "topology": ("workbench.network.topology", None),
+    "study": ("workbench.netsim.study", None),
+    "simulate": ("workbench.netsim.simulator", "simulate"),
+    "SimResult": ("workbench.netsim.simulator", "SimResult"),
+    "allreduce": ("workbench.comm.mpi_allreduce", "allreduce"),
+    "UnsupportedDtypeError": ("workbench.comm.buffers", "UnsupportedDtypeError"),
+    "LengthMismatchError": ("workbench.comm.executor", "LengthMismatchError"),
+})
 
 __all__ = ["Schedule", "Transfer", "ScheduleError", "schedules", "topology", "simulate", "SimResult",
            "allreduce", "chunk_bounds", "AUTO", "NATIVE",
            "algorithm_names", "check_algorithm", "SUPPORTED_DTYPES", "UnsupportedDtypeError",
-           "LengthMismatchError"]
-
-
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module_name, attribute = _LAZY[name]
-    module = import_module(f"{__name__}.{module_name}")
-    value = module if attribute is None else getattr(module, attribute)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+           "LengthMismatchError", "study"]

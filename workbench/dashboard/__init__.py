@@ -8,9 +8,15 @@ second with ``batch_update`` (one message per figure). It reads ``run.history`` 
 
 Plotly's ``FigureWidget`` leaves no picture in a saved notebook: :meth:`Dashboard.show_static`
 and :meth:`Dashboard.to_html` give static output.
+
+A redraw that raises does not stop the live view: the error is logged (logger
+``workbench.dashboard``, with its traceback), kept in ``Dashboard.errors`` and shown in red in the
+status line from then on (how many redraws failed, and the last error).
 """
 from __future__ import annotations
 
+import html
+import logging
 import os
 import threading
 import time
@@ -27,6 +33,8 @@ from .figures import (loss_figure, loss_layout, loss_traces, share_figure, share
 SHARE_WINDOW_SECONDS = 5.0
 DRAW_NICENESS = 10
 
+log = logging.getLogger(__name__)
+
 __all__ = ["Dashboard", "loss_figure", "share_figure", "time_shares", "timeline_figure", "status_line"]
 
 
@@ -34,7 +42,7 @@ class Dashboard(RunObserver):
     """Live (or replayed) view of one run.
 
     Args:
-        source: a live :class:`~workbench.runtime.run.Run` or a :class:`~workbench.results.RunResult`.
+        source: a live :class:`~workbench.runtime.client.run.Run` or a :class:`~workbench.results.RunResult`.
         window_seconds: how much of the recent trace the timeline shows.
         max_fps: redraws per second at most (the notebook's frontend is the bottleneck).
     """
@@ -44,7 +52,8 @@ class Dashboard(RunObserver):
         self.ranks = int(source.config["ranks"])
         self.algorithm = source.config.get("algorithm")
         self.redraws = 0
-        self.errors: list[BaseException] = []
+        self.errors: list[BaseException] = []  # drawing errors of the live loop, oldest first
+        self._status_text = ""
         self._dirty = threading.Event()
         self._finished = threading.Event()
         self._closed = threading.Event()
@@ -87,7 +96,7 @@ class Dashboard(RunObserver):
                 try:
                     self.refresh()
                 except Exception as exc:  # noqa: BLE001 - a drawing error must not kill the loop
-                    self.errors.append(exc)
+                    self._drawing_failed(exc)
                 if finished:
                     break
                 time.sleep(self.period)  # at most max_fps redraws
@@ -119,8 +128,32 @@ class Dashboard(RunObserver):
                 if widget is self.timeline:
                     widget.layout.xaxis.range = x_range
         text, fraction = status_line(self.source)
-        self.status.value, self.progress.value = text, fraction
+        self._show_status(text)
+        self.progress.value = fraction
         self.redraws += 1
+
+    def _drawing_failed(self, exc: Exception) -> None:
+        """A redraw raised: log it, keep it, and say so in the status line."""
+        self.errors.append(exc)
+        log.error("dashboard of run %s: redraw failed (%d so far)", getattr(self.source, "run_id", "?"),
+                  len(self.errors), exc_info=exc)
+        try:
+            text, _ = status_line(self.source)
+        except Exception:  # noqa: BLE001 - the status line itself may be what fails
+            text = self._status_text
+        self._show_status(text)
+
+    def _show_status(self, text: str) -> None:
+        """The status line: ``text`` and, once a redraw has failed, the count and the last error."""
+        self._status_text = text
+        if self.errors:
+            last = self.errors[-1]
+            first_line = (str(last).strip().splitlines() or [""])[0]
+            count = len(self.errors)
+            text += (f"<br><span style='color:#b00'>drawing failed {count} time{'s' if count > 1 else ''}; "
+                     f"last: {html.escape(type(last).__name__)}: {html.escape(first_line[:200])} "
+                     f"(traceback in the log, logger {__name__})</span>")
+        self.status.value = text
 
     def _shares(self, trace: list[dict]):
         """Whole-run shares for a finished run; the last ``SHARE_WINDOW_SECONDS`` while live
@@ -129,7 +162,8 @@ class Dashboard(RunObserver):
             return time_shares(trace, self.ranks)
         end = max((e["ts"] + e["dur"] for e in trace[-1000:]), default=0.0)
         start = end - SHARE_WINDOW_SECONDS * 1e6
-        return time_shares([e for e in trace[-20000:] if e["ts"] + e["dur"] >= start], self.ranks)
+        return time_shares([e for e in trace[-20000:] if e["ts"] + e["dur"] >= start], self.ranks,
+                           start=start / 1e6)
 
     # -- static output ---------------------------------------------------------------------
     def to_html(self, path: str | Path) -> Path:

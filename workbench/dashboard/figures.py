@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..runtime.telemetry import length_outside, union_intervals
+from ..telemetry import CATEGORIES
+from ..telemetry import time_shares as rank_time_shares
 
-CATEGORIES = ("compute", "comm", "wait", "io")
 COLOURS = {"compute": "#4C78A8", "comm": "#E45756", "wait": "#F2A541", "io": "#54A24B", "other": "#BAB0AC"}
 MAX_POINTS_PER_LINE = 300
 MAX_TIMELINE_BARS = 2000
@@ -70,32 +70,12 @@ def loss_figure(history: pd.DataFrame, title: str = "Loss and test accuracy",
     return go.Figure(data=loss_traces(history, algorithm), layout=loss_layout(title))
 
 
-def time_shares(trace: list[dict], ranks: int) -> pd.DataFrame:
-    """Fraction of each rank's observed time in compute / comm / wait / io / other.
-
-    Every instant counts once, for the first category open at that instant in the order
-    compute, io, comm, wait: communication hidden behind computation (an all-reduce on another
-    thread during backward) counts as compute, and waiting for a communication thread counts
-    as comm while that communication runs. The span of a rank's whole trace is its wall time;
-    what no span covers is ``other``. Rows sum to 1.
-    """
-    order = ("compute", "io", "comm", "wait")
-    rows = []
-    for rank in range(ranks):
-        events = [e for e in trace if e.get("pid") == rank and e.get("ph", "X") == "X"]
-        if not events:
-            rows.append({**{c: 0.0 for c in CATEGORIES}, "other": 1.0})
-            continue
-        wall = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
-        shares, covered = {}, []
-        for cat in order:
-            mine = union_intervals([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == cat])
-            shares[cat] = length_outside(mine, covered) / wall if wall > 0 else 0.0
-            covered = union_intervals(covered + mine)
-        shares = {c: shares[c] for c in CATEGORIES}
-        shares["other"] = max(0.0, 1.0 - sum(shares.values()))
-        rows.append(shares)
-    return pd.DataFrame(rows, index=[f"rank {r}" for r in range(ranks)])
+def time_shares(trace: list[dict], ranks: int, start: float = 0.0) -> pd.DataFrame:
+    """Fraction of each rank's time since ``start`` (seconds since the common start) in compute /
+    comm / wait / io / other: :func:`workbench.telemetry.time_shares` per rank, the definition
+    behind ``summary.json``'s ``comm_fraction`` (its comm + wait). Rows sum to 1."""
+    rows = [rank_time_shares([e for e in trace if e.get("pid") == rank], start=start) for rank in range(ranks)]
+    return pd.DataFrame(rows, index=[f"rank {r}" for r in range(ranks)], columns=[*CATEGORIES, "other"])
 
 
 def share_traces(shares: pd.DataFrame) -> list[dict]:

@@ -3,10 +3,14 @@
 The sweep runs in a background thread (the notebook stays usable); every finished point adds a
 row to the results table and redraws the plot. Stop cancels the run in progress and ends the
 sweep; launching the same choices again resumes it (finished points are skipped: the sweep's id
-is a hash of its definition, see :mod:`workbench.sweep`).
+is a hash of its definition, see :mod:`workbench.sweep`). Errors (a sweep that stops, a redraw
+that raises) are shown in the panel's status line and logged (logger ``workbench.dashboard.sweep_panel``);
+a redraw that raises does not stop the sweep.
 """
 from __future__ import annotations
 
+import html
+import logging
 import threading
 
 import ipywidgets as w
@@ -14,6 +18,8 @@ import plotly.graph_objects as go
 
 from ..config import ConfigError, RunConfig
 from ..optim.registry import ALGORITHMS
+
+log = logging.getLogger(__name__)
 
 
 def _numbers(text: str, kind=float, name: str = "value") -> list:
@@ -103,17 +109,29 @@ class SweepPanel:
             self.sweep.run(self.cluster, progress=False, on_result=self._on_result)
             self.status.value = f"done: {self.progress.value} of {self.progress.max} runs"
         except Exception as exc:  # noqa: BLE001 - shown in the panel, not lost in a thread
-            self.status.value = f"<b style='color:#b00'>sweep stopped: {exc}</b>"
+            log.error("sweep panel: sweep %s stopped", getattr(self.sweep, "sweep_id", "?"), exc_info=exc)
+            self.status.value = f"<b style='color:#b00'>sweep stopped: {html.escape(str(exc))}</b>"
         finally:
             self.launch.disabled, self.stop_button.disabled = False, True
-            self.refresh()
+            self._redraw()
 
     def _on_result(self, key: str, result, error: str | None) -> None:
         self.progress.value += 1
         self.status.value = (f"{self.progress.value}/{self.progress.max} " +
                              (f"<span style='color:#b00'>{key} failed: {error.splitlines()[0]}</span>"
                               if error else f"{key} finished"))
-        self.refresh()
+        self._redraw()
+
+    def _redraw(self) -> None:
+        """:meth:`refresh` from the sweep's thread: a drawing error is logged and shown in the
+        status line, and the sweep goes on."""
+        try:
+            self.refresh()
+        except Exception as exc:  # noqa: BLE001 - drawing must not end the sweep
+            log.error("sweep panel: redraw failed", exc_info=exc)
+            first_line = (str(exc).strip().splitlines() or [""])[0]
+            self.status.value += (f"<br><span style='color:#b00'>drawing failed: {type(exc).__name__}: "
+                                  f"{html.escape(first_line[:200])}</span>")
 
     def stop(self) -> None:
         """Cancel the run in progress and end the sweep."""

@@ -1,16 +1,20 @@
 """Master-based algorithms: rank 0 holds the center (EASGD family) or the weights (SGD family)
 and serves; ranks 1..N-1 train on their own shards.
 
-How the master serves:
-- ``async-*``: one loop, ``Probe(ANY_SOURCE)``: each arrival is applied whole, in arrival order.
-- ``easgd`` (original): the same, but strictly in rank order 1, 2, ..., N-1, 1, ...: worker i+1
-  waits for worker i.
-- ``hogwild-*``: one thread per worker, all updating the same tensor with no lock; concurrent
-  arrivals read-modify-write it at once and can lose each other's updates (the races are real).
+How the master serves (the registry, :mod:`workbench.optim.registry`, names the class each
+algorithm runs):
+- :class:`Master` (``async-*``): one loop, ``Probe(ANY_SOURCE)``: each arrival is applied whole,
+  in arrival order.
+- :class:`RoundRobinMaster` (``easgd``, the original): the same, but strictly in rank order 1, 2,
+  ..., N-1, 1, ...: worker i+1 waits for worker i.
+- :class:`HogwildMaster` (``hogwild-*``): one thread per worker, all updating the same tensor with
+  no lock; concurrent arrivals read-modify-write it at once and can lose each other's updates
+  (the races are real).
 
 Messages are buffer-based (numpy views of flat float32 tensors): one per exchange, or one per
 layer with ``single_buffer=False``. EASGD workers overlap the exchange with the gradient
-computation (``overlap=True``), as in the paper, except in the original round-robin scheme.
+computation (``overlap=True``), as in the paper, except in the original round-robin scheme
+(:class:`RoundRobinElasticWorker`).
 """
 from __future__ import annotations
 
@@ -20,8 +24,9 @@ import threading
 import torch
 from mpi4py import MPI
 
-from ..runtime import checkpoint
-from ..runtime.context import Context
+from ..runtime.rank import checkpoint
+from ..runtime.rank.context import Context
+from ..summary import planned_steps
 from . import rules
 
 TAG_PUSH, TAG_REPLY, TAG_DONE = 11, 12, 13
@@ -54,7 +59,12 @@ class _Messages:
 # -- workers --------------------------------------------------------------------------------
 
 class ElasticWorker:
-    """EASGD-family worker: local steps, and every tau steps an elastic exchange with the master."""
+    """EASGD-family worker: local steps, and every tau steps an elastic exchange with the master.
+
+    The momentum variant (MEASGD: the registry entry's ``momentum``) takes the momentum steps."""
+
+    #: whether the exchange may overlap the gradient computation (when ``cfg.overlap``)
+    overlaps_exchange = True
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -66,7 +76,7 @@ class ElasticWorker:
     def run(self, resume_dir=None) -> torch.Tensor:
         ctx, cfg = self.ctx, self.ctx.cfg
         x, g = ctx.flat.data, ctx.flat.grad
-        overlap = cfg.overlap and cfg.algorithm != "easgd"
+        overlap = cfg.overlap and self.overlaps_exchange
         start = _resume_worker(ctx, resume_dir, x=x, velocity=self.velocity, center=self.center)
         for step in range(start, ctx.steps):
             if ctx.stop_requested():  # between exchanges: no message is in flight here
@@ -102,6 +112,13 @@ class ElasticWorker:
                     x.copy_(new_x)
         ctx.comm.Send(b"", dest=0, tag=TAG_DONE)
         return x
+
+
+class RoundRobinElasticWorker(ElasticWorker):
+    """The original EASGD's worker: it waits for its turn at the master, computing nothing
+    meanwhile (as in the paper: no overlap of the exchange with the gradient)."""
+
+    overlaps_exchange = False
 
 
 class GradientWorker:
@@ -160,7 +177,11 @@ def _resume_worker(ctx: Context, resume_dir, **tensors: torch.Tensor) -> int:
 # -- the master -----------------------------------------------------------------------------
 
 class Master:
-    """Rank 0: holds ``state`` (center or weights) and applies arrivals."""
+    """Rank 0: holds ``state`` (center or weights) and applies arrivals, one at a time in
+    arrival order. Subclasses change only the order of serving (:attr:`round_robin`, :meth:`serve`)."""
+
+    #: serve the workers strictly in rank order (the original EASGD) instead of arrival order
+    round_robin = False
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -174,13 +195,9 @@ class Master:
         self._checkpoint_lock = threading.Lock()  # one file writer at a time (hogwild threads)
 
     def _expected_arrivals(self) -> int:
-        ctx, cfg = self.ctx, self.ctx.cfg
-        from ..data import Batches
-        total = 0
-        for w in range(cfg.workers):
-            steps = Batches(ctx.data, w, cfg.workers, cfg.batch_size, cfg.seed).steps_per_epoch * cfg.epochs
-            total += -(-steps // cfg.tau)  # exchanges per worker: ceil(steps / tau)
-        return total
+        cfg = self.ctx.cfg
+        steps = planned_steps(len(self.ctx.data.y_train), cfg.workers, cfg.batch_size, cfg.epochs)
+        return sum(-(-s // cfg.tau) for s in steps)  # exchanges per worker: ceil(steps / tau)
 
     def apply(self, payload: torch.Tensor, reply: torch.Tensor) -> None:
         """Apply one arrival to ``state`` in place, and fill ``reply`` for the worker."""
@@ -225,14 +242,12 @@ class Master:
                 self.state.copy_(state["state"])
                 self.velocity.copy_(state["velocity"])
                 self.arrivals = itertools.count(state["arrivals"] + 1)
-        if self.ctx.cfg.algorithm.startswith("hogwild"):
-            self._serve_hogwild()
-        else:
-            self._serve_in_order(round_robin=self.ctx.cfg.algorithm == "easgd")
+        self.serve()
         return self.state
 
-    def _serve_in_order(self, round_robin: bool) -> None:
-        ctx = self.ctx
+    def serve(self) -> None:
+        """Serve every worker until each has said it is done: one loop, one arrival at a time."""
+        ctx, round_robin = self.ctx, self.round_robin
         payload, reply = torch.empty_like(self.state), torch.empty_like(self.state)
         active = list(range(1, ctx.size))  # workers that have not said they are done
         status = MPI.Status()
@@ -250,11 +265,21 @@ class Master:
             self.serve_one(source, payload, reply)
             turn += 1
 
-    def _serve_hogwild(self) -> None:
+
+class RoundRobinMaster(Master):
+    """The original EASGD's master: serves the workers strictly in rank order 1, 2, ..., N-1, 1, ..."""
+
+    round_robin = True
+
+
+class HogwildMaster(Master):
+    """One thread per worker, all updating ``state`` with no lock (the races are real)."""
+
+    def serve(self) -> None:
         ctx = self.ctx
         errors = []
 
-        def serve(worker: int) -> None:
+        def serve_worker(worker: int) -> None:
             payload, reply = torch.empty_like(self.state), torch.empty_like(self.state)
             status = MPI.Status()
             try:
@@ -268,7 +293,7 @@ class Master:
             except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
                 errors.append(exc)
 
-        threads = [threading.Thread(target=serve, args=(w,), daemon=True, name=f"serve-{w}")
+        threads = [threading.Thread(target=serve_worker, args=(w,), daemon=True, name=f"serve-{w}")
                    for w in range(1, ctx.size)]
         for t in threads:
             t.start()

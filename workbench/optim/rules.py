@@ -1,6 +1,7 @@
 """The update formulas, as pure functions on tensors (no communication, inputs untouched).
 
-Notation (PAPERS.md section 1): ``lr`` = eta, ``rho`` = elastic coefficient, ``alpha = lr*rho``
+Notation (You, Buluç and Demmel, "Scaling Deep Learning on GPU and Knights Landing Clusters", SC 2017):
+``lr`` = eta, ``rho`` = elastic coefficient, ``alpha = lr*rho``
 (the moving rate), ``p`` = number of workers, ``beta = p*alpha``. Every algorithm applies its
 maths through these functions, so the maths lives in one readable place.
 """

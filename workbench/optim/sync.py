@@ -13,9 +13,9 @@ import threading
 
 import torch
 
-from ..collectives import allreduce
-from ..runtime import checkpoint
-from ..runtime.context import Context
+from ..comm import allreduce
+from ..runtime.rank import checkpoint
+from ..runtime.rank.context import Context
 from . import rules
 
 

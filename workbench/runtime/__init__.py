@@ -1,8 +1,15 @@
-"""Runtime, by process role.
+"""Runtime, by process role (one sub-package each).
 
-On a rank: ``worker`` (the program every rank runs), ``context`` (model, data shard, metrics),
-``checkpoint``, ``telemetry``, ``live`` (the signed stream to the notebook), ``rankguard`` (the
-parent of each rank, recording how it ended). In the notebook or CLI process: ``cluster``
-(``wb.Cluster``), ``run`` (a live ``Run``). Launching: ``launcher`` (mpiexec, signals, rank blame)
-and ``batch`` (a run under mpiexec without a notebook). ``rundir`` names a run folder's files.
+- :mod:`~workbench.runtime.rank`: code that runs on an MPI rank: ``worker`` (the program every
+  rank runs), ``context`` (model, data shard, metrics), ``checkpoint``, ``sink`` (the engine's
+  entry point for a notebook run and its signed stream to the notebook).
+- :mod:`~workbench.runtime.client`: code in the notebook or CLI process: ``cluster``
+  (``wb.Cluster``), ``run`` (a live ``Run``), ``records`` (clusters on disk, stale clean-up).
+- :mod:`~workbench.runtime.launch`: starting ranks: ``mpiexec`` (run a job, with ``signals``,
+  ``blame`` of the failed rank, ``shm`` clean-up), ``rankguard`` (the parent of each rank,
+  recording how it ended), ``engines`` (engine launchers by name), ``batch`` (a run under mpiexec
+  without a notebook).
+
+Shared by all three: ``rundir`` (run folders, ids and file names) and ``stream`` (the signed
+frames of the live stream). Telemetry is :mod:`workbench.telemetry`.
 """

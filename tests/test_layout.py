@@ -1,0 +1,85 @@
+"""The house rules that keep the layout honest (DESIGN.md, "Target layout").
+
+The pure packages never import mpi4py or torch: they run in the notebook kernel, on login nodes
+and in the CLI, and DESIGN.md promises they stay cheap and MPI-free. Each is imported in a fresh
+interpreter with every one of its modules (and the lazy names it loads on first use).
+"""
+from __future__ import annotations
+
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import workbench
+
+ROOT = Path(workbench.__file__).parent
+
+#: packages and modules that must never import mpi4py or torch (the planner joins when it lands)
+PURE = ["workbench.schedules", "workbench.network", "workbench.netsim", "workbench.config", "workbench.results",
+        "workbench.store", "workbench.summary", "workbench.telemetry", "workbench.checks", "workbench.sizes",
+        "workbench.comm.names", "workbench.runtime.rundir", "workbench.runtime.stream", "workbench.collectives"]
+
+#: lazily loaded names, touched after the import so their modules load too
+LAZY = {"workbench.schedules": ["multitree", "ring_2d"],
+        "workbench.netsim": ["simulate", "calibrate", "SimulationError"],
+        "workbench.collectives": ["schedules", "topology", "simulate", "study"]}
+
+FORBIDDEN = ("mpi4py", "torch")
+
+
+def _modules_of(name: str) -> list[str]:
+    """``name`` and, for a package, every module in it."""
+    path = ROOT.joinpath(*name.split(".")[1:])
+    if not path.is_dir():
+        return [name]
+    return [name] + [f"{name}.{m.name}" for m in pkgutil.walk_packages([str(path)]) if m.name != "__main__"]
+
+
+@pytest.mark.parametrize("package", PURE)
+def test_pure_packages_never_import_mpi4py_or_torch(package):
+    modules = _modules_of(package)
+    touch = "".join(f"getattr(importlib.import_module({package!r}), {n!r})\n" for n in LAZY.get(package, []))
+    script = ("import importlib, sys\n"
+              f"for m in {modules!r}:\n    importlib.import_module(m)\n" + touch +
+              f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN!r})\n"
+              "assert not bad, bad\nprint(len(sys.modules))")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"{package} ({len(modules)} modules): {proc.stderr[-1500:]}"
+
+
+def test_the_rule_itself_can_fail():
+    # the same check on a module that does import torch must report it
+    script = ("import importlib, sys\nimportlib.import_module('workbench.comm.buffers')\n"
+              f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {FORBIDDEN!r})\nassert not bad, bad")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "torch" in proc.stderr
+
+
+def test_the_design_facade_still_works():
+    from workbench.collectives import Schedule, Transfer, allreduce, schedules, simulate, topology  # noqa: F401
+    s = schedules.ring(4)
+    assert isinstance(s, Schedule) and isinstance(s.steps[0][0], Transfer)
+    assert simulate(s, topology.torus(2, 2), 1 << 20).seconds > 0
+    assert callable(allreduce)
+
+
+#: modules allowed over the house's ~400 lines, with the reason
+LONG_MODULES: dict[str, str] = {}
+
+
+def test_no_module_is_over_400_lines_without_a_reason():
+    long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 400}
+    assert set(long) <= set(LONG_MODULES), f"split these (or give a reason in LONG_MODULES): {long}"
+
+
+@pytest.mark.parametrize("package", ["workbench", "workbench.collectives", "workbench.comm", "workbench.netsim",
+                                     "workbench.schedules", "workbench.network", "workbench.optim"])
+def test_every_public_name_of_a_package_resolves(package):
+    import importlib
+    module = importlib.import_module(package)
+    missing = [name for name in module.__all__ if not hasattr(module, name)]
+    assert not missing, f"{package} promises {missing} in __all__"

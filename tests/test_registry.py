@@ -1,0 +1,84 @@
+"""The algorithm registry: one entry per name with its implementation classes and properties;
+the rest of the code asks the entry, never compares names."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workbench.config import RunConfig, ignored_options
+from workbench.optim.registry import ALGORITHMS, OPTIONS, AlgorithmSpec, algorithms
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_registry_loads_without_torch_or_mpi():
+    code = ("import sys\nfrom workbench.optim.registry import ALGORITHMS\nimport workbench as wb\n"
+            "assert len(wb.algorithms()) == 9 and ALGORITHMS['easgd'].master_based\n"
+            "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'mpi4py'))\nassert not bad, bad\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_nine_algorithms_of_the_design_in_the_papers_order():
+    assert list(algorithms()) == ["sync-sgd", "async-sgd", "async-msgd", "hogwild-sgd", "easgd", "async-easgd",
+                                  "async-measgd", "hogwild-easgd", "sync-easgd"]
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_every_rank_gets_a_class_with_run(name):
+    spec = ALGORITHMS[name]
+    master, worker = spec.implementation_class(0), spec.implementation_class(1)
+    assert callable(master.run) and callable(worker.run)
+    assert (master is not worker) == spec.master_based
+    assert spec.synchronous != spec.master_based  # the two families of the paper
+
+
+def test_the_master_based_classes_carry_the_differences():
+    cls = {name: (s.implementation_class(0).__name__, s.implementation_class(1).__name__)
+           for name, s in ALGORITHMS.items()}
+    assert cls["easgd"] == ("RoundRobinMaster", "RoundRobinElasticWorker")
+    assert cls["hogwild-easgd"] == ("HogwildMaster", "ElasticWorker")
+    assert cls["hogwild-sgd"] == ("HogwildMaster", "GradientWorker")
+    assert cls["async-easgd"] == ("Master", "ElasticWorker")
+    assert not ALGORITHMS["easgd"].implementation_class(1).overlaps_exchange
+    assert ALGORITHMS["async-easgd"].implementation_class(1).overlaps_exchange
+
+
+def test_no_algorithm_name_is_compared_outside_the_registry():
+    names = "|".join(re.escape(n) for n in ALGORITHMS)
+    compared = re.compile(rf"""(==|!=|startswith\()\s*["']({names}|hogwild|async|sync)""")
+    for path in ("workbench/optim/master.py", "workbench/optim/sync.py", "workbench/runtime/rank/worker.py"):
+        text = (ROOT / path).read_text()
+        assert not compared.search(text), path
+        assert not re.search(rf"""\{{\s*["']({names})["']\s*:""", text), f"{path}: a name -> class map"
+
+
+@pytest.mark.parametrize("name", list(ALGORITHMS))
+def test_an_option_is_refused_exactly_when_the_entry_does_not_use_it(name):
+    spec = ALGORITHMS[name]
+    set_values = {"collective": "ring", "tau": 4, "rho": 0.5, "momentum": 0.5}
+    refused = {option for option, _ in ignored_options(name, set_values)}
+    assert refused == {option for option in OPTIONS if not spec.uses(option)}
+
+
+def test_options_of_the_families():
+    uses = {name: sorted(s.options) for name, s in ALGORITHMS.items()}
+    assert uses["sync-sgd"] == ["collective", "momentum"]
+    assert uses["sync-easgd"] == ["collective", "rho", "tau"]
+    assert uses["async-measgd"] == ["momentum", "rho", "tau"]
+    assert all("rho" in s.options for s in ALGORITHMS.values() if s.elastic)
+    assert all("collective" not in s.options for s in ALGORITHMS.values() if s.master_based)
+
+
+def test_an_unknown_option_in_an_entry_is_an_error():
+    with pytest.raises(ValueError, match="unknown options"):
+        AlgorithmSpec("x", "x", "m:C", None, True, False, False, frozenset({"lr"}))
+
+
+def test_config_reads_the_registry():
+    assert RunConfig(algorithm="easgd", ranks=3).spec is ALGORITHMS["easgd"]
+    assert RunConfig(algorithm="easgd", ranks=3).workers == 2 and RunConfig(algorithm="sync-sgd").workers == 4

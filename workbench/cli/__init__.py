@@ -1,0 +1,92 @@
+"""The ``workbench`` command.
+
+    workbench train --algorithm sync-easgd --ranks 4 [--epochs 10 --lr ... --out DIR]
+    workbench compare --algorithms sync-easgd,easgd [--target-accuracy 0.9 ...]
+    workbench runs [--store FILE] [--algorithm A] [--status S] [--limit 20]
+                                     the newest runs recorded in the results store
+    workbench bench allreduce --ranks 4 --sizes 4K,64K,1M,8M,64M --algorithms all [--json FILE]
+    workbench simulate --topology torus:8x8 [--algorithms ring,multitree,...] [--sizes 32K,64M]
+                       [--bandwidth 16e9 --latency 150e-9 | --calibration FILE] [--node-bandwidth B]
+                       [--mode flow] [--k 2]
+                                     all-reduce time on a simulated network, speed-up over ring
+    workbench calibrate [--json benchmarks/results/allreduce_4ranks.json] [--topology bus:4]
+                                     fit link latency/bandwidth to measured all-reduces
+    workbench algorithms             the training and collective algorithm names
+
+Arguments are validated here, before mpiexec is launched; a bad value is an error that names
+the option and the allowed values. ``train`` and ``compare`` record every run in the results
+store (``--store FILE``, default ``$WORKBENCH_STORE`` or ``data/workbench.sqlite``): a
+``running`` row before launch, then the finished run or the failure with its error.
+SIGINT, SIGTERM and SIGHUP stop the whole MPI job (cooperatively first, killed after a grace
+period) and leave the run recorded as ``cancelled``; the exit code is 128 + the signal.
+This process never imports ``mpi4py.MPI``: only the ranks initialise MPI.
+
+One module per group of subcommands; each adds its parsers (``add_to``) and names the function
+that runs it with ``set_defaults(func=...)``.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from . import bench, network, runs, training
+from .common import interrupt_code, say
+
+
+def list_algorithms(args) -> int:
+    from ..comm.names import algorithm_names
+    from ..optim.registry import algorithms
+    print("training algorithms:")
+    for name, description in algorithms().items():
+        print(f"  {name:15s} {description}")
+    print("collective algorithms: " + ", ".join(algorithm_names()))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="workbench", description=__doc__.split("\n\nOne module")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(launches=False)  # commands that launch MPI jobs set it: see main()
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench.add_to(sub)
+    training.add_to(sub)
+    runs.add_to(sub)
+    network.add_to(sub)
+    sub.add_parser("algorithms", help="list the training and collective algorithm names").set_defaults(
+        func=list_algorithms)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not args.launches:
+        return args.func(args)
+    from ..runtime.launch.signals import handling_signals, raise_interrupted
+    try:
+        # SIGTERM and SIGHUP end these commands like Ctrl-C: as an exception, so the store is
+        # updated and no MPI process is left (while a job runs, the launcher handles them itself)
+        with handling_signals(raise_interrupted):
+            return args.func(args)
+    except KeyboardInterrupt as exc:  # before or after a run: nothing is running
+        code, name = interrupt_code(exc)
+        say(f"workbench {args.command}: interrupted by {name}")
+        return code
+    finally:
+        _settle_output()
+
+
+def _settle_output() -> None:
+    """Flush stdout and stderr; where the terminal is gone (SIGHUP), send what is left to
+    /dev/null so that exiting does not fail on it."""
+    import os
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, stream.fileno())
+                os.close(devnull)
+            except (OSError, ValueError):
+                pass

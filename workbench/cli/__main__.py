@@ -1,0 +1,6 @@
+"""``python -m workbench.cli``: the ``workbench`` command."""
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,58 @@
+"""``workbench bench allreduce``: all-reduce time per algorithm and size under mpiexec."""
+from __future__ import annotations
+
+import argparse
+
+from ..comm.names import SUPPORTED_DTYPES, algorithm_names
+from ..runtime.launch.mpiexec import MPILaunchError, run_mpi
+from .common import parse_sizes, positive_int, say
+
+DEFAULT_SIZES = "4K,64K,1M,8M,64M"
+
+
+def _parse_algorithms(text: str) -> list[str]:
+    names = algorithm_names()
+    if text == "all":
+        return names
+    chosen = [a.strip() for a in text.split(",") if a.strip()]
+    bad = [a for a in chosen if a not in names]
+    if bad or not chosen:
+        raise argparse.ArgumentTypeError(
+            f"--algorithms: unknown {', '.join(map(repr, bad)) or 'empty list'}; "
+            f"choose 'all' or a comma-separated list of: {', '.join(names)}")
+    return chosen
+
+
+def add_to(sub) -> None:
+    bench = sub.add_parser("bench", help="reproducible measurements")
+    bench_sub = bench.add_subparsers(dest="what", required=True)
+    ar = bench_sub.add_parser("allreduce", help="all-reduce time per algorithm and size, vs "
+                              "native MPI and torch.distributed gloo")
+    ar.add_argument("--ranks", type=positive_int, default=4, help="MPI ranks (default 4)")
+    ar.add_argument("--sizes", type=parse_sizes, default=parse_sizes(DEFAULT_SIZES),
+                    help=f"comma-separated message sizes in bytes, K/M/G suffixes "
+                         f"(default {DEFAULT_SIZES})")
+    ar.add_argument("--algorithms", type=_parse_algorithms, default=algorithm_names(),
+                    help=f"'all' or a comma-separated subset of: {', '.join(algorithm_names())}")
+    ar.add_argument("--dtype", choices=SUPPORTED_DTYPES, default="float32")
+    ar.add_argument("--no-gloo", action="store_true", help="skip the torch.distributed gloo peer")
+    ar.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    ar.add_argument("--timeout", type=float, default=600, help="seconds before the job is killed")
+    ar.set_defaults(func=allreduce, launches=True)
+
+
+def allreduce(args) -> int:
+    from ..sizes import format_size
+    worker = ["-m", "workbench.bench.allreduce",
+              "--sizes", ",".join(format_size(s) for s in args.sizes),
+              "--algorithms", ",".join(args.algorithms), "--dtype", args.dtype]
+    if args.no_gloo:
+        worker.append("--no-gloo")
+    if args.json:
+        worker += ["--json", args.json]
+    try:
+        run_mpi(args.ranks, worker, timeout=args.timeout, stream=True)
+    except (MPILaunchError, ValueError) as exc:
+        say(f"workbench: {exc}")
+        return 1
+    return 0

@@ -1,0 +1,71 @@
+"""What the subcommands share: argument types, messages, the results store, signals."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..checks import integer_argument
+
+#: ``type=`` for options that take a count (``--ranks``, ``--limit``, ``--k``)
+positive_int = integer_argument(1)
+
+
+def parse_sizes(text: str) -> list[int]:
+    from ..sizes import parse_size
+    try:
+        return [parse_size(s) for s in text.split(",")]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def positive_seconds(text: str) -> float:
+    """A finite number of seconds > 0 (``--timeout``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
+
+
+def open_store(args, command: str):
+    """The results store named by ``--store`` (default ``$WORKBENCH_STORE`` or
+    ``data/workbench.sqlite``), or None after printing why it cannot be opened."""
+    import sqlite3
+
+    from ..store import Store, default_path
+    try:
+        return Store(args.store)
+    except (OSError, sqlite3.Error, RuntimeError) as exc:
+        print(f"workbench {command}: cannot open the results store {args.store or default_path()}: {exc}",
+              file=sys.stderr)
+        return None
+
+
+def signals_ignored():
+    import signal
+
+    from ..runtime.launch.signals import handling_signals
+    return handling_signals(signal.SIG_IGN)
+
+
+def say(text: str) -> None:
+    """Print to stderr; a terminal that is gone (SIGHUP) or a closed pipe is not an error."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def interrupt_code(exc: BaseException) -> tuple[int, str]:
+    """The exit code (128 + signal) and the signal's name of an interruption."""
+    import signal
+
+    from ..runtime.launch.signals import signal_name
+    signum = getattr(exc, "signum", signal.SIGINT)
+    return 128 + signum, signal_name(signum)
+
+
+def percent(value) -> str:
+    return "" if value is None or value != value else f"{100 * value:.1f}%"  # None or NaN: blank

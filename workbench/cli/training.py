@@ -1,0 +1,212 @@
+"""``workbench train`` and ``workbench compare``: training under mpiexec, every run recorded.
+
+Options default to :class:`~workbench.config.RunConfig`'s defaults (one place says what they are);
+``--lr``, ``--rho`` and ``--momentum`` default to the algorithm's own (``config.DEFAULTS``).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from ..comm.names import algorithm_names
+from ..config import RunConfig, without_ignored
+from ..optim.registry import ALGORITHMS
+from ..runtime.launch.mpiexec import MPILaunchError
+from ..summary import PRINTED_KEYS
+from .common import interrupt_code, open_store, percent, positive_seconds, say
+from .recording import recorded_train
+
+#: RunConfig's field defaults: what an option not given means
+DEFAULT = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+
+
+def add_to(sub) -> None:
+    train = sub.add_parser("train", help="train one configuration under mpiexec")
+    train.add_argument("--algorithm", required=True, help=f"one of: {', '.join(ALGORITHMS)}")
+    _training_options(train)
+    train.add_argument("--out", metavar="DIR", help="run directory (default data/runs/<run-id>)")
+    train.add_argument("--resume", metavar="DIR", help="continue a run from its checkpoint (bitwise for sync-*)")
+    train.set_defaults(func=train_command, launches=True)
+
+    compare = sub.add_parser("compare", help="train several algorithms and print a table")
+    compare.add_argument("--algorithms", required=True, help=f"'all' or a comma-separated list of: "
+                                                             f"{', '.join(ALGORITHMS)}")
+    _training_options(compare)
+    compare.add_argument("--target-accuracy", type=float, default=0.9,
+                         help="accuracy for the time-to-accuracy column (default 0.9)")
+    compare.add_argument("--out", metavar="DIR", help="parent directory of the runs "
+                                                      "(default data/runs/compare-<time>)")
+    compare.set_defaults(func=compare_command, launches=True)
+
+
+def _training_options(p: argparse.ArgumentParser) -> None:
+    """Options shared by train and compare; defaults from RunConfig. A wrong value is caught by
+    RunConfig's own validation, so every check and its message live there."""
+    p.add_argument("--ranks", type=int, default=DEFAULT["ranks"], help=f"MPI ranks (default {DEFAULT['ranks']})")
+    p.add_argument("--model", default=DEFAULT["model"], help=f"mlp, wide_mlp, cnn, or module:function "
+                                                             f"(default {DEFAULT['model']})")
+    p.add_argument("--dataset", default=DEFAULT["dataset"], help=f"digits, synthetic, or a .npz path "
+                                                                 f"(default {DEFAULT['dataset']})")
+    p.add_argument("--epochs", type=int, default=DEFAULT["epochs"], help=f"(default {DEFAULT['epochs']})")
+    p.add_argument("--seed", type=int, default=DEFAULT["seed"], help=f"(default {DEFAULT['seed']})")
+    p.add_argument("--lr", type=float, help="learning rate (default: the algorithm's)")
+    p.add_argument("--rho", type=float, help="elastic coefficient (default: p*lr*rho = 0.9)")
+    p.add_argument("--tau", type=int, default=DEFAULT["tau"],
+                   help=f"communication period in steps (default {DEFAULT['tau']})")
+    p.add_argument("--momentum", type=float, help="momentum (default: the algorithm's)")
+    p.add_argument("--batch-size", type=int, default=DEFAULT["batch_size"], help=f"(default {DEFAULT['batch_size']})")
+    p.add_argument("--collective", default=DEFAULT["collective"],
+                   help=f"all-reduce algorithm of the synchronous algorithms (default {DEFAULT['collective']}): "
+                        f"{', '.join(algorithm_names())}")
+    p.add_argument("--per-layer", action="store_true", help="one message per layer instead of one flat buffer")
+    p.add_argument("--no-overlap", action="store_true", help="do not overlap communication with compute")
+    p.add_argument("--eval-every", type=int, default=DEFAULT["eval_every"],
+                   help=f"evaluate every N steps (master: arrivals; default {DEFAULT['eval_every']})")
+    p.add_argument("--checkpoint-every", type=int, default=DEFAULT["checkpoint_every"],
+                   help="checkpoint every N steps (0: never, the default)")
+    p.add_argument("--no-telemetry", action="store_true")
+    p.add_argument("--fail-rank", type=int, help="debug: make this rank raise at --fail-step")
+    p.add_argument("--fail-step", type=int, help="debug: the step at which --fail-rank raises")
+    p.add_argument("--timeout", type=positive_seconds, default=1800,
+                   help="seconds before the job is killed (finite, > 0; default 1800)")
+    p.add_argument("--store", metavar="FILE", help="results store (default $WORKBENCH_STORE or "
+                                                   "data/workbench.sqlite)")
+
+
+_OPTION = {"tau": "--tau", "rho": "--rho", "collective": "--collective", "momentum": "--momentum"}
+
+
+def _config(args: argparse.Namespace, algorithm: str, shared: bool = False):
+    """The RunConfig of ``algorithm`` with the command's options. An option the algorithm ignores
+    (``--collective`` on a master-based one, ``--tau``/``--rho`` on an SGD baseline) is an error,
+    unless ``shared`` (compare: the options serve several algorithms): then it is left out for this
+    algorithm with a note on stderr."""
+    values = {"algorithm": algorithm, "single_buffer": not args.per_layer, "overlap": not args.no_overlap,
+              "telemetry": not args.no_telemetry,
+              **{name: getattr(args, name) for name in ("ranks", "model", "dataset", "epochs", "seed", "lr", "rho",
+                                                        "tau", "momentum", "batch_size", "collective", "eval_every",
+                                                        "checkpoint_every", "fail_rank", "fail_step")}}
+    if shared:
+        values, dropped = without_ignored(values)
+        if dropped:
+            print(f"workbench {args.command}: note: {algorithm} ignores {', '.join(_OPTION[n] for n in dropped)}; "
+                  f"run without it", file=sys.stderr)
+    return RunConfig(**values)
+
+
+def _configs_and_store(args, names: list[str], command: str):
+    """Validate every configuration before anything launches, then open the store.
+    Returns ``(configs, store)``, or the exit code after printing why not."""
+    from ..config import ConfigError
+    try:
+        configs = [_config(args, name, shared=command == "compare") for name in names]
+        _check_paths(args, configs)
+    except ConfigError as exc:
+        print(f"workbench {command}: error: {exc}", file=sys.stderr)
+        return 2
+    store = open_store(args, command)
+    return 1 if store is None else (configs, store)
+
+
+def _check_paths(args, configs) -> None:
+    """``--out`` and ``--resume``, before anything is created or launched: ConfigError naming the option."""
+    from pathlib import Path
+
+    from ..config import ConfigError
+    from ..runtime.rank import checkpoint
+    out = Path(args.out) if args.out else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {args.out!r} is a file, not a directory")
+    for cfg in configs:
+        run_dir = out if args.command == "train" else (out / cfg.algorithm if out else None)
+        if run_dir is not None and (run_dir / "config.json").exists():
+            raise ConfigError(f"--out: {str(run_dir)!r} already holds a run ({run_dir / 'config.json'}); give a "
+                              f"new directory" + (" (a resumed run writes into a new one)" if args.command == "train"
+                                                  else ""))
+    if getattr(args, "resume", None):
+        try:
+            checkpoint.check_resume(args.resume, configs[0])
+        except ConfigError as exc:
+            raise ConfigError(f"--{exc}") from None  # "resume: ..." -> "--resume: ..."
+
+
+def train_command(args) -> int:
+    from pathlib import Path
+
+    from ..runtime.rundir import make_run_dir, new_run_id, run_id_for, runs_root
+    prepared = _configs_and_store(args, [args.algorithm], "train")
+    if isinstance(prepared, int):
+        return prepared
+    [cfg], store = prepared
+    # a resumed run is a new run in a new directory, linked to the one it continues: the old
+    # run's row and files stay as they were, whatever happens to the new one
+    run_dir = Path(args.out) if args.out else runs_root() / new_run_id(cfg)
+    run_id = run_id_for(run_dir, cfg, store)
+    make_run_dir(run_dir, "--out")
+    print(f"{'run_id':20s} {run_id}", flush=True)
+    resumed_from = None
+    if args.resume:
+        resumed_from = store.run_id_of(args.resume) or str(Path(args.resume).resolve())
+        print(f"{'resumed_from':20s} {resumed_from}", flush=True)
+    try:
+        result = recorded_train(store, run_id, cfg, run_dir, resumed_from=resumed_from, resume=args.resume,
+                                 timeout=args.timeout)
+    except (MPILaunchError, ValueError, FileNotFoundError) as exc:
+        say(f"workbench train: {exc}")
+        say(f"workbench train: run {run_id} recorded as failed in {store.path}")
+        return 1
+    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP: the job is stopped and recorded
+        code, name = interrupt_code(exc)
+        say(f"workbench train: interrupted by {name}; run {run_id} recorded as "
+             f"{getattr(exc, 'recorded_status', 'cancelled')} in {store.path}")
+        return code
+    summary = {**result.summary, "run_dir": result.run_dir}
+    for key in (*PRINTED_KEYS, "run_dir"):  # the summary's fields, as workbench.summary lists them
+        if key in summary:
+            print(f"{key:20s} {summary[key]}")
+    print(f"{'store':20s} {store.path}")
+    return 0
+
+
+def compare_command(args) -> int:
+    from datetime import datetime
+    from pathlib import Path
+
+    from tabulate import tabulate
+
+    from ..runtime.rundir import make_run_dir, run_id_for, runs_root
+    names = list(ALGORITHMS) if args.algorithms == "all" else [a.strip() for a in args.algorithms.split(",")]
+    prepared = _configs_and_store(args, names, "compare")
+    if isinstance(prepared, int):
+        return prepared
+    configs, store = prepared
+    parent = Path(args.out) if args.out else runs_root() / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
+    rows = []
+    for cfg in configs:
+        # "<parent>-<algorithm>", made unique in the store (two compares with --out a/x and b/x)
+        run_id = run_id_for(parent / cfg.algorithm, cfg, store, name=f"{parent.resolve().name}-{cfg.algorithm}")
+        make_run_dir(parent / cfg.algorithm, "--out")
+        print(f"{cfg.algorithm}: run {run_id}", flush=True)
+        try:
+            result = recorded_train(store, run_id, cfg, parent / cfg.algorithm, timeout=args.timeout)
+        except MPILaunchError as exc:
+            say(f"workbench compare: {cfg.algorithm} failed: {exc}")
+            rows.append([cfg.algorithm, "failed", "", "", "", "", run_id])
+            continue
+        except KeyboardInterrupt as exc:  # SIGINT, SIGTERM, SIGHUP: stop here, record, run no more
+            code, name = interrupt_code(exc)
+            rest = [c.algorithm for c in configs[configs.index(cfg) + 1:]]
+            say(f"workbench compare: interrupted by {name}; run {run_id} recorded as "
+                 f"{getattr(exc, 'recorded_status', 'cancelled')} in {store.path}"
+                 + (f"; not run: {', '.join(rest)}" if rest else ""))
+            return code
+        s, tta = result.summary, result.time_to_accuracy(args.target_accuracy)
+        rows.append([cfg.algorithm, f"{s['final_test_accuracy']:.3f}", f"{s['wall_seconds']:.2f}",
+                     "not reached" if tta is None else f"{tta:.2f}",
+                     percent(s["comm_fraction"]), percent(s["comm_fraction_workers"]), run_id])
+    print(tabulate(rows, headers=["algorithm", "final test acc", "train wall s",
+                                  f"s to {args.target_accuracy:g} acc", "comm share (all ranks)",
+                                  "comm share (workers)", "run id"]))
+    print(f"\nruns under {parent}, recorded in {store.path}")
+    return 0 if all(r[1] != "failed" for r in rows) else 1

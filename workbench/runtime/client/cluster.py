@@ -1,0 +1,361 @@
+"""``wb.Cluster``: ipyparallel engines that are MPI ranks, started from a notebook in one call.
+
+    with wb.Cluster(n=4) as cluster:          # mpiexec -n 4 python -m ipyparallel.engine --mpi
+        run = cluster.train(cfg)              # returns at once; see workbench.runtime.client.run.Run
+        result = run.wait()
+
+Why the settings below:
+- ``HeartMonitor.period=500`` ms: ipyparallel's default (3 s) makes a 4-engine start take ~6.5 s
+  on a small machine, mostly waiting for heartbeats; 500 ms brings it to ~3 s.
+- Engines are stopped with ``stop_engines`` + ``stop_controller`` (~0.5 s), not
+  ``stop_cluster`` (~3.4 s: it waits politely for each process).
+- ``mpiexec`` is found beside this Python (the venv's, from the ``mpich`` wheel) or on PATH, and
+  the engines' PATH gets this Python's ``bin``: a kernel whose PATH lacks the venv still works.
+- Every cluster started here is recorded (owner pid and start time, ipyparallel's cluster file)
+  under ``$WORKBENCH_STATE_DIR/clusters`` (default ``~/.cache/workbench/clusters``). A kernel that
+  dies leaves its controller, mpiexec and engines running; the next ``Cluster()`` finds those
+  records, stops what they name, kills stray engines and removes ``/dev/shm/mpich_shm_*`` files.
+
+Batch systems: ``engines="slurm"`` (or ``pbs``, ``sge``, ``lsf``) starts the engines as one batch
+job (``srun ... ipyparallel.engine --mpi``) with ``account``, ``queue`` (partition), ``timelimit``
+and extra ``options``; ``controller_ip="*"`` with ``controller_location=<this host>`` makes the
+controller reachable from compute nodes (``reachable=True``). :meth:`Cluster.batch_script` shows
+the script without submitting it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ...checks import integer
+from ...config import ConfigError, RunConfig
+from ..launch.blame import describe_end, rank_records
+from ..launch.mpiexec import GUARD, RANK_ENV, find_mpiexec
+from ..launch.engines import LAUNCHERS, slurm_launcher
+from ..launch.shm import remove_orphaned_shm
+from .records import CLUSTER_ID_ENV, cleanup_stale_clusters, cmdline, guard_dir, kill, processes_of, remove_files_of, state_dir  # noqa: F401 - cleanup_stale_clusters, state_dir re-exported
+
+class _KeptLog(logging.Handler):
+    """Keeps the last log records of a cluster's ipyparallel objects instead of printing them."""
+
+    def __init__(self, limit: int = 2000) -> None:
+        super().__init__(logging.INFO)
+        self.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        self._records: deque[str] = deque(maxlen=limit)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._records.extend(self.format(record).splitlines())
+        except Exception:  # noqa: BLE001 - logging must never break a stop
+            pass
+
+    @property
+    def lines(self) -> list[str]:
+        return list(self._records)
+
+
+class Cluster:
+    """ipyparallel engines that are MPI ranks (local ``mpiexec`` by default).
+
+    Args:
+        n: number of engines = MPI ranks (>= 1).
+        engines: ``"mpi"`` (mpiexec on this machine) or a batch system: ``"slurm"``, ``"pbs"``,
+            ``"sge"``, ``"lsf"``.
+        reachable: listen on all interfaces so engines on compute nodes can connect (batch
+            systems); otherwise everything listens on 127.0.0.1.
+        account, queue, timelimit: batch-system settings (``#SBATCH --account``,
+            ``--partition``, ``--time`` for Slurm; the same meaning for PBS/SGE/LSF).
+        options: extra directive lines for the engines' batch script, e.g.
+            ``"#SBATCH --gres=gpu:4\n#SBATCH --constraint=a100"``.
+        mpi_args: extra ``mpiexec`` arguments (``engines="mpi"``).
+        start_timeout: seconds to wait for all engines to register.
+        ipp_config: extra ipyparallel configuration, ``{"Class": {"trait": value}}``.
+    """
+
+    def __init__(self, n: int = 4, engines: str = "mpi", *, reachable: bool = False,
+                 account: str = "", queue: str = "", timelimit: str = "", options: str = "",
+                 mpi_args: list[str] | None = None, start_timeout: float = 60.0,
+                 ipp_config: dict[str, dict[str, Any]] | None = None) -> None:
+        integer("n: number of engines", n, error=ConfigError)
+        if engines not in LAUNCHERS:
+            raise ConfigError(f"engines: unknown launcher {engines!r}; allowed: {', '.join(LAUNCHERS)}")
+        if options and engines != "slurm":
+            raise ConfigError(f"options: extra batch directives are supported for engines='slurm' only; "
+                              f"for {engines!r} pass ipp_config={{'{LAUNCHERS[engines]}EngineSetLauncher': "
+                              "{'batch_template': ...}}")
+        self.n, self.engines = n, engines
+        self.start_timeout = start_timeout
+        self._settings = dict(reachable=reachable, account=account, queue=queue, timelimit=timelimit,
+                              options=options, mpi_args=list(mpi_args or []), ipp_config=ipp_config or {})
+        self._ipp = None
+        self.client = None
+        self.ranks: dict[int, int] = {}  # engine id -> MPI rank
+        self.engine_ids: list[int] = []
+        self.pids: dict[int, int] = {}
+        self.hosts: dict[int, str] = {}
+        self.active_run = None
+        self.engines_need_restart = False
+        self._log = _KeptLog()
+
+    # -- configuration ---------------------------------------------------------------------
+    def _ipp_cluster(self):
+        import ipyparallel as ipp
+        from traitlets.config import Config
+
+        s, prefix = self._settings, LAUNCHERS[self.engines]
+        config = Config()
+        engine_launcher = f"{prefix}EngineSetLauncher"
+        bin_dir = str(Path(sys.executable).parent)
+        cluster_id = f"wb-{os.getpid()}-{secrets.token_hex(3)}"
+        environment = {**RANK_ENV, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
+                       CLUSTER_ID_ENV: cluster_id}
+        config[engine_launcher].environment = environment
+        config[f"{'Local' if self.engines == 'mpi' else prefix}ControllerLauncher"].environment = {
+            CLUSTER_ID_ENV: cluster_id}
+        if self.engines == "mpi":
+            config.MPIEngineSetLauncher.mpi_cmd = [find_mpiexec()]
+            config.MPIEngineSetLauncher.mpi_args = s["mpi_args"]
+            # each engine under the rank guard, which records how it ended (see runtime.rankguard)
+            config.MPIEngineSetLauncher.engine_cmd = [sys.executable, "-I", str(GUARD), str(guard_dir(cluster_id)),
+                                                      sys.executable, "-m", "ipyparallel.engine"]
+        else:
+            config[engine_launcher].engine_args = ["--mpi"]  # engine id order = MPI rank order
+            for trait in ("account", "queue", "timelimit"):
+                if s[trait]:
+                    config[engine_launcher][trait] = s[trait]
+            if s["options"]:
+                config[engine_launcher].options = s["options"]
+        for cls, traits in s["ipp_config"].items():
+            for trait, value in traits.items():
+                config[cls][trait] = value
+        location = {"controller_ip": "*", "controller_location": socket.gethostname()} \
+            if s["reachable"] else {"controller_ip": "127.0.0.1"}
+        profile_dir = state_dir() / "ipython"
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        engines = slurm_launcher() if self.engines == "slurm" else self.engines
+        # ipyparallel logs to the notebook's output in a kernel (the engines' whole log when they
+        # are stopped): keep it here instead, shown only when something failed (log_tail())
+        log = logging.getLogger(f"workbench.cluster.{cluster_id}")
+        log.handlers, log.propagate = [self._log], False
+        log.setLevel(logging.INFO)
+        return ipp.Cluster(engines=engines, n=self.n, config=config, log_level=logging.INFO, log=log,
+                           controller_args=["--HeartMonitor.period=500"], profile_dir=str(profile_dir),
+                           shutdown_atexit=True, cluster_id=cluster_id, **location)
+
+    def batch_script(self, workdir: str | os.PathLike | None = None) -> str:
+        """The engines' batch script as it would be submitted (batch systems only)."""
+        if self.engines == "mpi":
+            raise ConfigError("batch_script: engines='mpi' submits no batch job; "
+                              f"use one of {', '.join(k for k in LAUNCHERS if k != 'mpi')}")
+        import tempfile
+        cluster = self._ipp_cluster()
+        with tempfile.TemporaryDirectory() as tmp:
+            launcher = cluster.engine_launcher_class(
+                work_dir=str(workdir or tmp), parent=cluster, log=cluster.log, profile_dir=cluster.profile_dir,
+                cluster_id=cluster.cluster_id, engine_set_id="preview")
+            launcher.write_batch_script(self.n)
+            return Path(launcher.batch_file).read_text()
+
+    # -- start and stop --------------------------------------------------------------------
+    def start(self) -> "Cluster":
+        """Start the controller and ``n`` engines and connect (stale clusters are stopped first)."""
+        if self._ipp is not None:
+            return self
+        cleanup_stale_clusters()
+        self._ipp = self._ipp_cluster()
+        guard_dir(self._ipp.cluster_id).mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._ipp.start_controller_sync()
+        self._record()
+        try:
+            self._start_engines()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_engines(self, exclude: frozenset[int] = frozenset()) -> None:
+        """Start an engine set and wait until ``n`` new engines (ids not in ``exclude``) registered.
+
+        Polls ``client.ids`` every 10 ms: ``wait_for_engines`` sleeps in long intervals and
+        would add up to a second to every start.
+        """
+        self._ipp.start_engines_sync()
+        if self.client is None:
+            self.client = self._ipp.connect_client_sync()
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            new = [e for e in self.client.ids if e not in exclude]
+            if len(new) >= self.n:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {len(new)} of {self.n} engines registered within "
+                                   f"{self.start_timeout:g} s (start_timeout); the engines' log:\n"
+                                   f"{self.log_tail()}")
+            time.sleep(0.01)
+        self.engine_ids = sorted(new)[: self.n]
+        self._map_ranks()
+
+    def _map_ranks(self) -> None:
+        # execute + pull of plain code: a function defined in this package would be pickled
+        # with a reference to its module, and unpickling it imports workbench (and torch, ~2 s)
+        view = self.client[self.engine_ids]
+        view.execute("import os, socket; from mpi4py import MPI as _wb_MPI; "
+                     "_wb_rank = _wb_MPI.COMM_WORLD.Get_rank(); _wb_pid = os.getpid(); "
+                     "_wb_host = socket.gethostname()", block=False)
+        pending = view.pull(("_wb_rank", "_wb_pid", "_wb_host"), block=False)
+        deadline = time.monotonic() + self.start_timeout
+        while not pending.ready():  # get(timeout=...) waits in whole seconds: poll instead
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engines did not answer within {self.start_timeout:g} s (start_timeout)")
+            time.sleep(0.005)
+        ranks, pids, hosts = zip(*pending.get())
+        self.ranks = dict(zip(view.targets, ranks))
+        self.pids = dict(zip(ranks, pids))  # rank -> engine process id
+        self.hosts = dict(zip(ranks, hosts))  # rank -> host name
+        for old in guard_dir(self._ipp.cluster_id).glob("*.status"):  # ends of replaced engines
+            old.unlink(missing_ok=True)
+        if sorted(ranks) != list(range(self.n)):
+            raise RuntimeError(f"engines are not one MPI job: ranks {sorted(ranks)}; "
+                               "start them with --mpi under one mpiexec/srun")
+        self.engines_need_restart = False
+        # warm up: import the training code in the background, so the first train() starts fast
+        view.execute("import workbench.runtime.rank.sink", block=False)
+
+    def dead_ranks(self) -> list[int]:
+        """Ranks whose engine process is gone or a zombie (local engines only; [] otherwise)."""
+        if self.engines != "mpi":
+            return []
+        dead = []
+        for rank, pid in self.pids.items():
+            try:
+                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                    dead.append(rank)
+            except psutil.NoSuchProcess:
+                dead.append(rank)
+        return dead
+
+    def exits(self) -> list[dict]:
+        """How this cluster's engines that ended did, the first to end first, as recorded by each
+        engine's guard (:mod:`workbench.runtime.launch.rankguard`): dicts with ``rank``, ``pid``, ``host``,
+        ``signal`` or ``exit_code``, ``time`` (unix seconds) and ``how`` (words). Local engines only."""
+        if self._ipp is None or self.engines != "mpi":
+            return []
+        current = set(self.pids.values())
+        _, ends = rank_records(guard_dir(self._ipp.cluster_id))
+        return [{**end, "how": describe_end(end)} for end in ends if end.get("pid") in current]
+
+    def healthy(self) -> bool:
+        """All of this cluster's engines are registered and none needs replacing."""
+        return (self.client is not None and not self.engines_need_restart
+                and all(e in self.client.ids for e in self.engine_ids))
+
+    def view(self):
+        """A DirectView on this cluster's current engines (all MPI ranks)."""
+        return self.client[self.engine_ids]
+
+    def restart_engines(self) -> None:
+        """Replace the engines (after a failed or killed run): kill, start anew, reconnect.
+
+        The hub forgets the dead engines only after missed heartbeats, so we wait for ``n``
+        engines with new ids instead of for the old ones to go.
+        """
+        old = frozenset(self.client.ids)
+        self.kill_engines()
+        self._ipp.stop_engines_sync()
+        self._start_engines(exclude=old)
+
+    def kill_engines(self) -> None:
+        """SIGKILL this cluster's engines and mpiexec (thread-safe: touches no ipyparallel state)."""
+        if self._ipp is not None:
+            kill([p for p in processes_of(self._ipp.cluster_id)
+                   if "ipyparallel.controller" not in " ".join(cmdline(p))])
+            remove_orphaned_shm()
+            self.engines_need_restart = True
+
+    def stop(self) -> None:
+        """Stop engines and controller (well under a second) and forget the cluster.
+
+        The engines hold no state worth a polite shutdown (runs are in the store), so they are
+        killed first; ipyparallel's own stop then only tidies up (its SIGTERM path waits ~1.5 s
+        for mpiexec to forward the signal).
+        """
+        if self._ipp is None:
+            return
+        if self.active_run is not None and not self.active_run.done():
+            self.active_run.cancel(timeout=5)
+        try:
+            if self.client is not None:
+                self.client.close()
+            self.kill_engines()
+            self._ipp.stop_engines_sync()
+            self._ipp.stop_controller_sync()
+        finally:
+            kill(processes_of(self._ipp.cluster_id))  # anything that did not stop
+            self._record_path().unlink(missing_ok=True)
+            remove_files_of(self._ipp.cluster_id, self._ipp.cluster_file)
+            remove_orphaned_shm()
+            self._ipp, self.client, self.ranks, self.engine_ids = None, None, {}, []
+
+    def log_tail(self, lines: int = 40) -> str:
+        """The last ``lines`` lines ipyparallel logged for this cluster (controller and engines'
+        output included); kept out of the notebook unless something failed."""
+        return "\n".join(self._log.lines[-lines:]) or "(nothing logged)"
+
+    def _record_path(self) -> Path:
+        return state_dir() / "clusters" / f"{self._ipp.cluster_id}.json"
+
+    def _record(self) -> None:
+        path = self._record_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        me = psutil.Process()
+        path.write_text(json.dumps({"cluster_id": self._ipp.cluster_id, "owner_pid": me.pid,
+                                    "owner_started": me.create_time(), "cluster_file": self._ipp.cluster_file,
+                                    "engines": self.engines, "n": self.n, "started": time.time()}))
+
+    def __enter__(self) -> "Cluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def cluster_id(self) -> str | None:
+        return None if self._ipp is None else self._ipp.cluster_id
+
+    def __repr__(self) -> str:
+        state = "stopped" if self._ipp is None else f"running, id {self._ipp.cluster_id}"
+        return f"<workbench.Cluster n={self.n} engines={self.engines!r} ({state})>"
+
+    # -- training --------------------------------------------------------------------------
+    def train(self, cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, store=None,
+              timeout: float = 3600.0, sweep_id: str | None = None, sweep_key: str | None = None):
+        """Start training ``cfg`` on the engines and return a :class:`~workbench.runtime.client.run.Run`
+        at once. ``cfg.ranks`` must be <= ``n`` (the first ``cfg.ranks`` ranks train).
+
+        ``store``: a :class:`~workbench.store.Store`, a path, or None for the default store;
+        ``False`` records nothing. ``timeout``: seconds before the run is cancelled.
+        """
+        from .run import Run
+        if not isinstance(cfg, RunConfig):
+            raise ConfigError(f"cfg: expected a workbench.RunConfig, got {type(cfg).__name__}")
+        if cfg.ranks > self.n:
+            raise ConfigError(f"ranks: this cluster has {self.n} engines; ranks must be 1..{self.n}, "
+                              f"got {cfg.ranks}")
+        if self.active_run is not None and not self.active_run.done():
+            raise RuntimeError(f"run {self.active_run.run_id} is still going: wait() or cancel() it first")
+        self.start()
+        if not self.healthy():
+            self.restart_engines()
+        self.active_run = Run(self, cfg, run_dir, store=store, timeout=timeout,
+                              sweep_id=sweep_id, sweep_key=sweep_key)
+        return self.active_run

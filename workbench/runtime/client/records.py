@@ -1,0 +1,118 @@
+"""What a notebook's clusters leave on disk, and cleaning up after a kernel that died.
+
+Every cluster started by :class:`~workbench.runtime.client.cluster.Cluster` is recorded (owner pid
+and start time, ipyparallel's cluster file) under ``$WORKBENCH_STATE_DIR/clusters`` (default
+``~/.cache/workbench/clusters``). A kernel that dies leaves its controller, mpiexec and engines
+running; :func:`cleanup_stale_clusters` finds those records, stops what they name, kills stray
+engines (found by the cluster id in their environment) and removes the cluster's files and
+orphaned ``/dev/shm/mpich_shm_*`` segments.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import psutil
+
+from ..launch.shm import remove_orphaned_shm
+
+#: environment variable that marks every process of a cluster with its id
+CLUSTER_ID_ENV = "WORKBENCH_CLUSTER_ID"
+
+
+def state_dir() -> Path:
+    """Where clusters are recorded: ``$WORKBENCH_STATE_DIR`` or ``~/.cache/workbench``."""
+    return Path(os.environ.get("WORKBENCH_STATE_DIR", Path.home() / ".cache" / "workbench"))
+
+
+def guard_dir(cluster_id: str) -> Path:
+    """Where the guards of a cluster's engines record how each engine ended."""
+    return state_dir() / "exits" / cluster_id
+
+
+def _owner_alive(record: dict) -> bool:
+    try:
+        return psutil.Process(record["owner_pid"]).create_time() == record["owner_started"]
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def processes_of(cluster_id: str) -> list[psutil.Process]:
+    """Controller, engines, nannies and mpiexec of a cluster: their environment carries
+    ``WORKBENCH_CLUSTER_ID`` (ipyparallel passes the cluster id in ways that vary by launcher)."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(CLUSTER_ID_ENV) == cluster_id:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            continue
+    return found
+
+
+def cmdline(proc: psutil.Process) -> list[str]:
+    try:
+        return proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return []
+
+
+def kill(processes: list[psutil.Process], timeout: float = 1.0) -> None:
+    """SIGKILL ``processes`` and wait until each is gone or a zombie (dead, not yet reaped by
+    a parent that was killed too); our own children (mpiexec) are reaped."""
+    for proc in processes:
+        try:
+            proc.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    deadline = time.monotonic() + timeout
+    alive = list(processes)
+    while alive and time.monotonic() < deadline:
+        _, alive = psutil.wait_procs(alive, timeout=0.01)
+        alive = [p for p in alive if _status(p) not in (psutil.STATUS_ZOMBIE, None)]
+
+
+def _status(proc: psutil.Process) -> str | None:
+    try:
+        return proc.status()
+    except psutil.NoSuchProcess:
+        return None
+
+
+def cleanup_stale_clusters() -> list[str]:
+    """Stop every recorded cluster whose owner process is gone; return their cluster ids."""
+    stopped = []
+    for path in sorted((state_dir() / "clusters").glob("*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            path.unlink(missing_ok=True)
+            continue
+        if _owner_alive(record):
+            continue
+        kill(processes_of(record["cluster_id"]))
+        remove_files_of(record["cluster_id"], record.get("cluster_file"))
+        path.unlink(missing_ok=True)
+        stopped.append(record["cluster_id"])
+    if stopped:
+        remove_orphaned_shm()
+    return stopped
+
+
+def remove_files_of(cluster_id: str, cluster_file: str | None) -> None:
+    """Everything a cluster leaves in the state folder: ipyparallel's cluster file, the
+    controller's connection files (they hold the keys to the cluster), logs, exit records."""
+    profile = state_dir() / "ipython"
+    paths = [*(profile / "security").glob(f"ipcontroller-{cluster_id}-*.json"),
+             *(profile / "log").glob(f"*{cluster_id}*"), *(profile / "pid").glob(f"*{cluster_id}*")]
+    if cluster_file:
+        paths.append(Path(cluster_file))
+    for path in paths:
+        path.unlink(missing_ok=True)
+    shutil.rmtree(guard_dir(cluster_id), ignore_errors=True)
+
+

@@ -1,0 +1,322 @@
+"""A training run going on in a cluster's engines, seen from the notebook.
+
+``cluster.train(cfg)`` returns a :class:`Run` at once. A receiver thread collects the ranks' live
+stream (:mod:`workbench.runtime.rank.sink`) into ``run.history`` / ``run.trace``, tells observers
+(the dashboard) and appends the metrics to the results store as they come, so an interrupted run
+keeps its history. When the engines finish, the run's files (written by rank 0) become the
+:class:`~workbench.results.RunResult` that ``run.wait()`` returns and the store keeps.
+
+Failure and cancellation never hang the notebook:
+- a rank that raises pushes its traceback first; the other ranks get ``GRACE_SECONDS`` to finish
+  and are then killed (they may be stuck in a collective), and ``wait()`` raises :class:`RunError`
+  naming the rank; the engines are restarted so the cluster stays usable;
+- an engine process that dies (a signal, the out-of-memory killer, a crash in C) is named with its
+  pid, host and how it ended (signal or exit code), from the record its guard writes
+  (:mod:`workbench.runtime.launch.rankguard`); errors that other ranks report after it are consequences
+  and are shown as such, never blamed;
+- ``cancel()`` writes ``<run_dir>/CANCEL``; the ranks agree to stop at the next evaluation point
+  (synchronous algorithms) or exchange (master-based ones) and the run ends as ``cancelled`` with
+  its summary; ranks that do not stop within the timeout are killed;
+- interrupting the kernel inside ``wait()`` cancels the run.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+import zmq
+
+from ...config import RunConfig
+from ...results import RunObserver, RunResult, history_frame
+from ..rundir import CANCEL_FILE, make_run_dir, run_id_for, runs_root
+from ..rank.sink import engine_train
+from ..stream import MAX_MESSAGE_BYTES, new_secret, verify
+
+GRACE_SECONDS = 3.0
+STORE_EVERY_SECONDS = 1.0
+
+
+class RunError(RuntimeError):
+    """A run failed; ``rank`` is the failing rank (None if unknown), ``traceback`` its traceback."""
+
+    def __init__(self, message: str, rank: int | None = None, traceback: str | None = None) -> None:
+        super().__init__(message)
+        self.rank, self.traceback = rank, traceback
+
+
+def _expected_steps(cfg: RunConfig) -> int:
+    """The run's steps, for the progress bar: from the data set's size, without loading it."""
+    from ... import data as data_mod
+    from ...summary import planned_steps
+    train_samples = data_mod.describe(cfg.dataset, samples=cfg.synthetic_samples).train_samples
+    return sum(planned_steps(train_samples, cfg.workers, cfg.batch_size, cfg.epochs))
+
+
+def _open_store(store):
+    if store is False:
+        return None
+    from ...store import Store
+    return store if isinstance(store, Store) else Store(store)
+
+
+class Run:
+    """A live run. ``history`` (DataFrame) and ``trace`` (list of spans) grow while it trains."""
+
+    def __init__(self, cluster, cfg: RunConfig, run_dir=None, *, store=None, timeout: float = 3600.0,
+                 sweep_id: str | None = None, sweep_key: str | None = None) -> None:
+        self.cluster, self.cfg, self.config = cluster, cfg, cfg.to_dict()
+        self.store = _open_store(store)
+        # a unique id in the store whatever the folder is called; a folder that holds a run is refused
+        self.run_id = run_id_for(run_dir, cfg, self.store)
+        self.run_dir = make_run_dir(run_dir if run_dir is not None else runs_root() / self.run_id).resolve()
+        (self.run_dir / "config.json").write_text(cfg.to_json())
+        self.total_steps = _expected_steps(cfg)
+        self.status, self.error, self.summary, self.result = "running", None, None, None
+        self.failed_rank: int | None = None
+        self._first_dead: int | None = None  # the rank whose engine was seen dead first
+        self._killed = False  # this run killed the engines itself (deaths after that are ours)
+        self.latencies: deque[float] = deque(maxlen=100_000)  # seconds from rank send to receipt
+        self._records: list[dict] = []
+        self._spans: list[dict] = []
+        self._observers: list[RunObserver] = []
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._cancel_requested = False
+        self._timeout = timeout
+        self.started = time.time()
+        if self.store is not None:
+            self.store.start_run(self.run_id, self.config, run_dir=str(self.run_dir),
+                                 sweep_id=sweep_id, sweep_key=sweep_key)
+        self.rejected_messages = 0  # live-stream messages dropped: not signed with this run's secret
+        self._secret = new_secret()
+        self._context = zmq.Context.instance()
+        self._socket = self._context.socket(zmq.PULL)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        host = "*" if cluster._settings["reachable"] else "127.0.0.1"
+        port = self._socket.bind_to_random_port(f"tcp://{host}")
+        advertised = cluster._ipp.controller_location if host == "*" else "127.0.0.1"
+        self.address = address = f"tcp://{advertised}:{port}"  # the live stream (signed messages only)
+        self._async = cluster.view().apply_async(engine_train, self.config, str(self.run_dir),
+                                                 address, self.run_id, self._secret)
+        self._thread = threading.Thread(target=self._receive, name=f"run-{self.run_id}", daemon=True)
+        self._thread.start()
+
+    # -- what the notebook sees ------------------------------------------------------------
+    @property
+    def history(self):
+        """Metric records so far as a DataFrame (a snapshot; see workbench.results)."""
+        with self._lock:
+            records = list(self._records)
+        return history_frame(records)
+
+    @property
+    def trace(self) -> list[dict]:
+        """Chrome-trace spans so far (a snapshot)."""
+        with self._lock:
+            return list(self._spans)
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def add_observer(self, observer: RunObserver) -> None:
+        """Call ``observer.on_data(run)`` when data arrives and ``on_finish(run)`` at the end."""
+        self._observers.append(observer)
+        if self.done():
+            observer.on_finish(self)
+
+    def wait(self, timeout: float | None = None) -> RunResult:
+        """Block until the run ends and return its :class:`RunResult`.
+
+        Raises :class:`TimeoutError` after ``timeout`` seconds (the run goes on) and
+        :class:`RunError` naming the rank when a rank failed. Interrupting the kernel here
+        cancels the run (and re-raises ``KeyboardInterrupt``).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while not self._done.wait(0.1):  # short waits: KeyboardInterrupt gets through
+                if deadline is not None and time.monotonic() > deadline:
+                    raise TimeoutError(f"run {self.run_id} still going after {timeout:g} s "
+                                       "(it goes on; wait() again or cancel() it)")
+        except KeyboardInterrupt:
+            self.cancel()
+            raise
+        self._restart_if_needed()
+        if self.status == "failed":
+            raise RunError(self.error, rank=self.failed_rank, traceback=self.error)
+        return self.result
+
+    def cancel(self, timeout: float = 30.0) -> RunResult | None:
+        """Ask the ranks to stop; kill them if they have not within ``timeout`` seconds."""
+        if not self.done():
+            self._cancel_requested = True
+            (self.run_dir / CANCEL_FILE).write_text(str(time.time()))
+            if not self._done.wait(timeout):
+                self._hard_stop("cancelled", f"cancelled; ranks did not stop within {timeout:g} s and were killed")
+                self._done.wait(GRACE_SECONDS + 5)
+        self._restart_if_needed()
+        return self.result
+
+    def _restart_if_needed(self) -> None:
+        if self.cluster.engines_need_restart and self.cluster.active_run is self:
+            self.cluster.restart_engines()
+
+    def __repr__(self) -> str:
+        steps = sum(1 for r in self._records if r.get("kind") == "train")
+        return f"<workbench.Run {self.run_id} {self.cfg.algorithm} {self.status}: {steps}/{self.total_steps} steps>"
+
+    # -- receiver thread -------------------------------------------------------------------
+    def _receive(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        deadline = time.monotonic() + self._timeout
+        fail_deadline = None
+        stored = 0
+        next_store = time.monotonic() + STORE_EVERY_SECONDS
+        next_health_check = 0.0
+        try:
+            while True:
+                if poller.poll(20):
+                    self._drain()
+                now = time.monotonic()
+                if self.store is not None and now >= next_store:
+                    stored = self._store_metrics(stored)
+                    next_store = now + STORE_EVERY_SECONDS
+                if self._first_dead is None and now >= next_health_check:
+                    # MPI kills the whole job when one engine dies, about a second later: a
+                    # rank seen dead alone is the one that died first
+                    dead = self.cluster.dead_ranks()
+                    self._first_dead = dead[0] if len(dead) == 1 else None
+                    next_health_check = now + 0.02
+                if self._async.ready():
+                    self._drain()
+                    break
+                if self.failed_rank is not None and fail_deadline is None:
+                    fail_deadline = now + GRACE_SECONDS
+                if fail_deadline is not None and now > fail_deadline:
+                    self._hard_stop("failed", self.error)  # the others are stuck in a collective
+                    break
+                if now > deadline and not self._cancel_requested:
+                    self._cancel_requested = True
+                    (self.run_dir / CANCEL_FILE).write_text("timeout")
+                    fail_deadline = now + 30.0
+                    self.error = f"run timed out after {self._timeout:g} s and was cancelled"
+            self._finish(stored)
+        except BaseException as exc:  # noqa: BLE001 - never leave wait() hanging
+            self.status, self.error = "failed", f"workbench: the run's receiver failed: {exc!r}"
+            self._done.set()
+        finally:
+            self._socket.close(linger=0)
+
+    def _drain(self) -> None:
+        got = False
+        while True:
+            try:
+                frames = self._socket.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            message = verify(self._secret, frames, self.run_id)
+            if message is None:  # not from this run's ranks: dropped unread
+                self.rejected_messages += 1
+                continue
+            got = True
+            received = time.time()
+            self.latencies.append(received - message["sent"])
+            with self._lock:
+                self._records.extend(message.get("metrics", ()))
+                self._spans.extend(message.get("spans", ()))
+            if "error" in message and self.failed_rank is None:
+                self.failed_rank, self.error = message["rank"], message["error"]
+        if got:
+            for obs in self._observers:
+                obs.on_data(self)
+
+    def _store_metrics(self, stored: int) -> int:
+        with self._lock:
+            new = self._records[stored:]
+        if new:
+            self.store.append_metrics(self.run_id, new)
+        return stored + len(new)
+
+    def _hard_stop(self, status: str, error: str | None) -> None:
+        # a death is looked for before our own kill adds deaths of its own
+        if status != "failed" or not self._blame_dead_engine():
+            self.status, self.error = status, error
+        self._killed = True
+        self.cluster.kill_engines()
+
+    def _blame_dead_engine(self) -> bool:
+        """If an engine process died, name the first to die as the cause (how it died, its pid and
+        host); a rank that reported an error after it was only hit by its death. True if one did.
+
+        Engines die only when something outside Python kills them (a signal, the out-of-memory
+        killer, a crash in C); an exception in a rank leaves its engine running. So the first
+        death, as recorded by each engine's guard (:mod:`workbench.runtime.launch.rankguard`), is the
+        cause, whatever the other ranks reported after it. Looked at before this run kills any
+        engine itself.
+        """
+        if self._killed:
+            return False
+        exits = self.cluster.exits()
+        if exits:
+            first = exits[0]
+            rank = first["rank"]
+            text = (f"rank {rank} (pid {first['pid']} on {first['host']}) {first['how']}: its engine died "
+                    "(killed from outside Python, out of memory, or a crash in C); MPI then stopped the "
+                    "other ranks.")
+        elif self._first_dead is not None:  # no record (its guard was killed too): seen dead alone
+            rank = self._first_dead
+            text = (f"rank {rank} (pid {self.cluster.pids.get(rank)} on {self.cluster.hosts.get(rank)}) died: its "
+                    "engine was killed, ran out of memory or crashed outside Python; MPI then stopped the "
+                    "other ranks.")
+        else:
+            return False
+        if self.error and self.failed_rank != rank:
+            text += f"\nAfter it died, rank {self.failed_rank} reported:\n{self.error}"
+        self.failed_rank, self.error, self.status = rank, text, "failed"
+        return True
+
+    def _engine_error(self) -> tuple[int | None, str, bool]:
+        """The engines' exception as (rank, text, an engine died) when no rank reported its own
+        and no engine's death was recorded: an error before the live stream opened, or an engine
+        that died unrecorded."""
+        try:
+            self._async.get(timeout=0)
+        except Exception as exc:  # noqa: BLE001 - ipyparallel's CompositeError / EngineError
+            errors = list(getattr(exc, "elist", ())) or [(type(exc).__name__, str(exc), "", {})]
+            if any(name == "EngineError" for name, *_ in errors):
+                return None, ("an engine died (killed, out of memory, or crashed outside Python); MPI "
+                              "stopped the other ranks.\n" + "\n".join(str(e[1]) for e in errors)), True
+            name, value, text, info = errors[0]
+            rank = self.cluster.ranks.get((info or {}).get("engine_id"))
+            return rank, f"rank {rank} failed: {name}: {value}\n{text}", False
+        return None, "", False
+
+    def _finish(self, stored: int) -> None:
+        if self.status == "running":  # the engines returned (cleanly or with an error)
+            died = self._blame_dead_engine()
+            if self.failed_rank is None:
+                rank, text, died_unrecorded = self._engine_error()
+                died = died or died_unrecorded
+                if text:
+                    self.failed_rank, self.error = rank, text
+            if died:
+                self.cluster.kill_engines()  # MPI lost a rank: the rest of the job is gone or stuck
+            if self.error and not self._cancel_requested:
+                self.status = "failed"
+            elif (self.run_dir / "summary.json").exists():
+                self.result = RunResult.from_run_dir(self.run_dir, self.run_id)
+                self.summary = self.result.summary
+                cancelled = self.summary.get("cancelled") or self._cancel_requested
+                self.status = "cancelled" if cancelled else "finished"
+            else:
+                self.status, self.error = "failed", self.error or "the engines returned no summary"
+        if self.result is None:  # no summary: what the live stream brought is the record
+            self.result = RunResult(run_id=self.run_id, config=self.config, history=self.history,
+                                    trace=self.trace, error=self.error, run_dir=str(self.run_dir))
+        self.result.status = self.status
+        if self.store is not None:
+            self.store.finish(self.result)
+        self._done.set()
+        for obs in self._observers:
+            obs.on_finish(self)

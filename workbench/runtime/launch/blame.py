@@ -1,0 +1,161 @@
+"""Which rank failed, and how: the evidence after an MPI job ends non-zero.
+
+Three sources, best first: the rank guards' records (:mod:`.rankguard`: each rank's pid, host and
+how its process ended, signal or exit code), each rank's own output (a Python traceback, MPICH's
+``Abort(code) ... (rank R ...)`` line) and hydra's own report of a bad termination. The rank
+whose process ended first is the one named; the others were stopped after it.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .signals import signal_name
+
+
+class MPILaunchError(RuntimeError):
+    """mpiexec failed, a rank raised, or the job ran past its timeout.
+
+    Attributes: ``failed_ranks`` (the rank whose process ended first, when known: killed by a
+    signal, exited, or raised; else the ranks that printed a traceback), ``output`` (all output).
+    """
+
+    def __init__(self, message: str, failed_ranks: list[int], output: str) -> None:
+        super().__init__(message)
+        self.failed_ranks = failed_ranks
+        self.output = output
+
+
+@dataclass
+class MPIResult:
+    """A finished job: exit code, mpiexec's own output and each rank's output."""
+
+    returncode: int
+    output: str  # everything, ranks' outputs each under a "--- rank R ---" header
+    ranks: dict[int, str]
+
+    def lines_of(self, rank: int) -> list[str]:
+        """Output lines of one rank."""
+        return self.ranks.get(rank, "").splitlines()
+
+
+_TAG = re.compile(r"^\[(?:1,)?(\d+)\](?:<std(?:out|err)>)?:?\s?(.*)$")
+_MPICH_ABORT = re.compile(r"Abort\((\d+)\) on node \d+ \(rank (\d+) in comm")  # code, rank
+
+
+def collect_output(launcher_output: str, output_dir: Path, nranks: int) -> MPIResult:
+    ranks: dict[int, list[str]] = {}
+    rest = []
+    for line in launcher_output.splitlines():  # Open MPI --tag-output lines
+        m = _TAG.match(line)
+        if m:
+            ranks.setdefault(int(m.group(1)), []).append(m.group(2))
+        else:
+            rest.append(line)
+    for r in range(nranks):  # hydra per-rank files
+        for suffix in ("out", "err"):
+            path = output_dir / f"rank{r}.{suffix}"
+            if path.exists():
+                ranks.setdefault(r, []).extend(path.read_text(errors="replace").splitlines())
+    texts = {r: "\n".join(lines) for r, lines in sorted(ranks.items())}
+    combined = "\n".join(rest + [f"--- rank {r} ---\n{t}" for r, t in texts.items()])
+    return MPIResult(0, combined, texts)
+
+
+def failed_ranks(result: MPIResult) -> list[int]:
+    """Ranks that printed a Python traceback or that MPICH reports as aborting."""
+    return [r for r, text in result.ranks.items()
+            if "Traceback (most recent call last)" in text or _MPICH_ABORT.search(text)]
+
+
+def describe_end(record: dict) -> str:
+    """``was killed by signal 9 (SIGKILL)`` or ``exited with code 3`` for a rank's end record."""
+    if record.get("signal"):
+        return f"was killed by signal {record['signal']} ({signal_name(record['signal'])})"
+    return f"exited with code {record.get('exit_code')}"
+
+
+def rank_records(status_dir: Path) -> tuple[dict[int, dict], list[dict]]:
+    """The guards' records: each rank's start (pid, host) and how each rank ended, first first."""
+    starts, ends = {}, []
+    for path in status_dir.glob("rank*.*"):
+        if path.suffix not in (".start", ".status"):
+            continue
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if path.suffix == ".start":
+            starts[record["rank"]] = record
+        else:
+            ends.append(record)
+    return starts, sorted(ends, key=lambda r: r.get("time", 0))
+
+
+_HYDRA_BAD = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*\n=\s*EXIT CODE: (\d+)")
+_HYDRA_SIGNAL = re.compile(r"KILLED BY SIGNAL: (\d+)|\(signal (\d+)\)")
+
+
+def _first_death(result: MPIResult, starts: dict[int, dict], ends: list[dict]) -> dict | None:
+    """The record of the rank that ended badly first: from the guards, else (ranks on hosts that
+    could not write to this host's folder) from hydra's report when its PID is a known rank."""
+    bad = [e for e in ends if e.get("signal") or e.get("exit_code")]
+    if bad:
+        return bad[0]
+    m = _HYDRA_BAD.search(result.output)
+    if not m:
+        return None
+    pid, host, code = int(m.group(1)), m.group(2), int(m.group(3))
+    rank = next((r for r, s in starts.items() if pid in (s.get("pid"), s.get("guard_pid"))), None)
+    if rank is None:
+        return None
+    sig = _HYDRA_SIGNAL.search(result.output[m.start():])
+    record = {"rank": rank, "pid": pid, "host": host}
+    if sig:
+        record["signal"] = int(sig.group(1) or sig.group(2))
+    else:
+        record["exit_code"] = code
+    return record
+
+
+def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[dict]) -> MPILaunchError:
+    """The error for a job that exited non-zero, blaming the rank whose process ended first."""
+    head = f"MPI job on {nranks} ranks exited with code {result.returncode}"
+    traced = failed_ranks(result)
+    first = _first_death(result, starts, ends)
+    if first is None or not isinstance(first.get("rank"), int):
+        who = f"rank(s) {', '.join(map(str, traced))} failed" if traced else "the job failed"
+        detail = "\n".join(_traceback_of(result, r) for r in traced) or tail(result.output)
+        # a rank that called MPI_Abort (mpi4py does on an uncaught exception) takes the others
+        # down with it, its guard included: MPICH's own line names it
+        aborted = {(int(m.group(2)), int(m.group(1))) for r in traced
+                   for m in [_MPICH_ABORT.search(result.ranks.get(r, ""))] if m}
+        if len(aborted) == 1:
+            [(rank, code)] = aborted
+            where = starts.get(rank, {})
+            pid = f" (pid {where['pid']} on {where.get('host')})" if "pid" in where else ""
+            head = f"rank {rank}{pid} raised an exception and called MPI_Abort with code {code}: {head}"
+        return MPILaunchError(f"{head}: {who}\n{detail}", traced, result.output)
+    rank = first["rank"]
+    blame = f"rank {rank} (pid {first.get('pid')} on {first.get('host')}) {describe_end(first)}"
+    if rank in traced:  # it raised: its traceback says why
+        return MPILaunchError(f"{blame}: {head}: rank(s) {rank} failed\n{_traceback_of(result, rank)}",
+                              [rank], result.output)
+    last_words = tail("\n".join(result.lines_of(rank)), 20)
+    detail = f"\n--- rank {rank} ---\n{last_words}" if last_words.strip() else ""
+    return MPILaunchError(f"{blame}; {head} (the other ranks were stopped after it){detail}",
+                          [rank], result.output)
+
+
+def tail(text: str, lines: int = 60) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _traceback_of(result: MPIResult, rank: int) -> str:
+    lines = result.lines_of(rank)
+    tracebacks = [i for i, line in enumerate(lines) if line.startswith("Traceback")]
+    aborts = [i for i, line in enumerate(lines) if _MPICH_ABORT.search(line)]
+    start = (tracebacks or aborts or [0])[0]
+    return f"--- rank {rank} ---\n" + "\n".join(lines[start:start + 60])

@@ -1,0 +1,1 @@
+"""Code that runs on an MPI rank: the worker loop, its context, checkpoints and the live sink."""

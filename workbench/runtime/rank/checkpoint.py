@@ -1,0 +1,157 @@
+"""Checkpoints that stay valid whatever happens mid-write.
+
+Layout under the run directory::
+
+    checkpoint/step-000040/rank0.pt ... rankN.pt   one file per rank (torch.save of tensors)
+    checkpoint/latest.json                          {"step": 40, "ranks": N}, written last
+
+Every rank writes its file to a temporary name and renames it; after a barrier rank 0 replaces
+``latest.json`` atomically and only then deletes older step directories. A crash at any point
+leaves ``latest.json`` naming a complete set. Synchronous algorithms call :func:`save`
+collectively at the same step on every rank.
+
+Master-based (asynchronous) algorithms have no common step: every rank saves its own state when
+it is due (:func:`save_own`: ``checkpoint/async/rankN.pt``, replaced atomically) and resumes
+from it (:func:`load_own`). The ranks' files come from different moments, as the ranks do in an
+asynchronous run; a resumed asynchronous run continues, it does not repeat bit for bit.
+
+Loading uses ``torch.load(weights_only=True)``: a checkpoint holds tensors and plain values
+only, and a file planted in a run directory cannot run code when a run resumes from it.
+:func:`check_resume` compares a run directory with a new configuration before anything launches.
+torch and mpi4py are imported where they are used, so the CLI can check a resume without
+initialising MPI.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mpi4py import MPI
+
+    from ...config import RunConfig
+
+
+def save(run_dir: Path, step: int, state: dict, comm: MPI.Comm) -> None:
+    """Write this rank's ``state`` for ``step`` (collective over ``comm``)."""
+    root = Path(run_dir) / "checkpoint"
+    folder = root / f"step-{step:06d}"
+    folder.mkdir(parents=True, exist_ok=True)
+    import torch
+    rank = comm.Get_rank()
+    tmp = folder / f"rank{rank}.pt.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, folder / f"rank{rank}.pt")
+    comm.Barrier()  # every rank's file exists before the manifest names the step
+    if rank == 0:
+        manifest = root / "latest.json"
+        tmp_manifest = root / "latest.json.tmp"
+        tmp_manifest.write_text(json.dumps({"step": step, "ranks": comm.Get_size()}))
+        os.replace(tmp_manifest, manifest)
+        for old in root.glob("step-*"):
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+    comm.Barrier()
+
+
+def latest_step(run_dir: Path) -> int | None:
+    """The step of the newest complete checkpoint, or None."""
+    manifest = Path(run_dir) / "checkpoint" / "latest.json"
+    if not manifest.exists():
+        return None
+    return json.loads(manifest.read_text())["step"]
+
+
+def load(run_dir: Path, rank: int, nranks: int) -> dict:
+    """This rank's state from the newest complete checkpoint of ``run_dir``."""
+    manifest = Path(run_dir) / "checkpoint" / "latest.json"
+    if not manifest.exists():
+        raise FileNotFoundError(f"--resume {run_dir}: no checkpoint/latest.json (was the run "
+                                f"started with checkpoint_every > 0?)")
+    info = json.loads(manifest.read_text())
+    if info["ranks"] != nranks:
+        raise ValueError(f"--resume {run_dir}: checkpoint has {info['ranks']} ranks, this run "
+                         f"{nranks}")
+    import torch
+    return torch.load(Path(run_dir) / "checkpoint" / f"step-{info['step']:06d}" / f"rank{rank}.pt",
+                      weights_only=True)
+
+
+def save_own(run_dir: Path, rank: int, nranks: int, state: dict) -> None:
+    """Write one rank's state on its own (no collective): asynchronous algorithms."""
+    folder = Path(run_dir) / "checkpoint" / "async"
+    folder.mkdir(parents=True, exist_ok=True)
+    import torch
+    tmp = folder / f"rank{rank}.pt.tmp"
+    torch.save({**state, "ranks": nranks}, tmp)
+    os.replace(tmp, folder / f"rank{rank}.pt")
+
+
+def load_own(run_dir: Path, rank: int, nranks: int) -> dict | None:
+    """This rank's own newest state, or None when it never saved one (it starts afresh)."""
+    folder = Path(run_dir) / "checkpoint" / "async"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--resume {run_dir}: no checkpoint/async/ (was the run started with "
+                                f"checkpoint_every > 0?)")
+    path = folder / f"rank{rank}.pt"
+    if not path.exists():
+        return None
+    import torch
+    state = torch.load(path, weights_only=True)
+    if state["ranks"] != nranks:
+        raise ValueError(f"--resume {run_dir}: checkpoint has {state['ranks']} ranks, this run {nranks}")
+    return state
+
+
+#: What a resumed run must share with the run it continues: the weights' shapes and their meaning.
+RESUME_FIELDS = ("algorithm", "model", "dataset", "ranks")
+
+
+def check_resume(run_dir: str | os.PathLike, cfg: "RunConfig") -> None:
+    """Refuse (:class:`~workbench.config.ConfigError`, one line) to resume ``cfg`` from
+    ``run_dir`` unless it is a directory holding a checkpoint of the kind ``cfg``'s algorithm
+    writes, from a run with the same algorithm, model, dataset and rank count (read from its
+    ``config.json`` and ``checkpoint/latest.json``). Reads JSON only: no torch, no MPI."""
+    from ...config import ConfigError
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ConfigError(f"resume: {str(run_dir)!r} is {'a file' if run_dir.exists() else 'missing'}; "
+                          f"give the run directory to continue")
+    differ = []
+    config_file = run_dir / "config.json"
+    if config_file.is_file():
+        try:
+            old = json.loads(config_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"resume: cannot read {config_file}: {exc}") from None
+        for name in RESUME_FIELDS:
+            mine, theirs = getattr(cfg, name), old.get(name)
+            if name == "dataset" and str(mine).endswith(".npz") and isinstance(theirs, str):
+                same = os.path.realpath(mine) == os.path.realpath(theirs)
+            else:
+                same = mine == theirs
+            if not same:
+                differ.append(f"{name} {theirs!r} (checkpoint) vs {mine!r} (this run)")
+    root = run_dir / "checkpoint"
+    if cfg.spec.master_based:
+        if not (root / "async").is_dir():
+            raise ConfigError(f"resume: {run_dir} has no checkpoint/async/ ({cfg.algorithm} saves one there; "
+                              f"was the run started with checkpoint_every > 0, with a master-based algorithm?)"
+                              + (f"; also differs: {'; '.join(differ)}" if differ else ""))
+    else:
+        manifest = root / "latest.json"
+        if not manifest.is_file():
+            raise ConfigError(f"resume: {run_dir} has no checkpoint/latest.json ({cfg.algorithm} saves one "
+                              f"there; was the run started with checkpoint_every > 0, with a synchronous "
+                              f"algorithm?)" + (f"; also differs: {'; '.join(differ)}" if differ else ""))
+        try:
+            ranks = json.loads(manifest.read_text())["ranks"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"resume: cannot read {manifest}: {exc}") from None
+        if ranks != cfg.ranks and not any(d.startswith("ranks ") for d in differ):
+            differ.append(f"ranks {ranks!r} (checkpoint) vs {cfg.ranks!r} (this run)")
+    if differ:
+        raise ConfigError(f"resume: {run_dir} is a checkpoint of another run: {'; '.join(differ)}")

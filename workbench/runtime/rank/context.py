@@ -1,0 +1,142 @@
+"""What one rank needs to train: model, flat buffers, its shard, telemetry, metrics.
+
+Algorithms (``workbench.optim.sync`` / ``master``) get a :class:`Context` and call
+:meth:`Context.gradient` for a compute step, :meth:`Context.evaluate` at evaluation points,
+and record what they communicate through :meth:`Context.span`.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from mpi4py import MPI
+
+from ... import data as data_mod
+from ... import models
+from ...config import RunConfig
+from ...summary import planned_steps
+from ...telemetry import Telemetry
+from ..rundir import CANCEL_FILE
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (non-finite loss, injected failure, ...)."""
+
+
+class Context:
+    """Per-rank training state. ``worker_index`` is this rank's shard (None on a master)."""
+
+    #: seconds between two looks at the cancel flag (a stat call; cheap, but not free per step)
+    STOP_CHECK_SECONDS = 0.1
+
+    def __init__(self, cfg: RunConfig, comm: MPI.Comm, out_dir: Path | None, observers=()) -> None:
+        self.cfg, self.comm = cfg, comm
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.out_dir = out_dir
+        torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        self.data = data_mod.load(cfg.dataset, samples=cfg.synthetic_samples, seed=cfg.seed)
+        self.model = models.build(cfg.model, self.data.num_features, self.data.num_classes)
+        self.flat = models.FlatParams(self.model)
+        self._eval_model = models.build(cfg.model, self.data.num_features, self.data.num_classes)
+        self._eval_flat = models.FlatParams(self._eval_model)
+        master = cfg.spec.master_based
+        self.worker_index = (self.rank - 1 if self.rank > 0 else None) if master else self.rank
+        self.batches, self.steps = None, 0  # this rank's training steps: none on a master
+        if self.worker_index is not None:
+            self.batches = data_mod.Batches(self.data, self.worker_index, cfg.workers,
+                                            cfg.batch_size, cfg.seed)
+            self.steps = planned_steps(len(self.data.y_train), cfg.workers, cfg.batch_size,
+                                       cfg.epochs)[self.worker_index]
+        self.steps_completed = self.steps  # less when the run was cancelled
+        self.cancelled = False
+        self.metrics: list[dict] = []
+        self.observers = list(observers)  # telemetry Observers: see spans and metric records
+        self._cancel_flag = Path(out_dir) / CANCEL_FILE if out_dir is not None else None
+        self._next_stop_check = 0.0
+        comm.Barrier()  # line the ranks' clocks up: t = 0 is the same moment everywhere
+        self.t0 = time.perf_counter()
+        self.telemetry = Telemetry(self.rank, time.perf_counter_ns()) if cfg.telemetry else None
+        if self.telemetry:
+            self.telemetry.observers.extend(self.observers)
+        self.bytes_sent = 0
+
+    # -- metrics and cancellation ----------------------------------------------------------
+    def add_metric(self, record: dict) -> None:
+        """Keep a metric record and show it to the observers (the live stream)."""
+        self.metrics.append(record)
+        for obs in self.observers:
+            obs.on_metric(record)
+
+    def stop_requested(self) -> bool:
+        """Whether someone asked this run to stop (``cancel()`` writes ``<run_dir>/CANCEL``).
+
+        Local to this rank and looked at no more than every ``STOP_CHECK_SECONDS``;
+        synchronous algorithms agree on it with :meth:`agree_to_stop`.
+        """
+        if self._cancel_flag is None:
+            return False
+        now = time.perf_counter()
+        if now < self._next_stop_check:
+            return False
+        self._next_stop_check = now + self.STOP_CHECK_SECONDS
+        return os.path.exists(self._cancel_flag)
+
+    def agree_to_stop(self) -> bool:
+        """Collective: rank 0's :meth:`stop_requested`, the same answer on every rank."""
+        flag = bytearray([1 if self.rank == 0 and self.stop_requested() else 0])
+        self.comm.Bcast(flag, root=0)
+        return bool(flag[0])
+
+    # -- telemetry -------------------------------------------------------------------------
+    def span(self, name: str, cat: str, **args):
+        """A telemetry span, or nothing when telemetry is off."""
+        return self.telemetry.span(name, cat, **args) if self.telemetry else nullcontext(args)
+
+    def now(self) -> float:
+        """Seconds since the ranks started together."""
+        return time.perf_counter() - self.t0
+
+    # -- compute ---------------------------------------------------------------------------
+    def gradient(self, step: int) -> float:
+        """Forward and backward on this worker's batch for ``step``; gradient in ``flat.grad``.
+
+        Returns the loss. Raises :class:`TrainingError` on a non-finite loss or at the
+        injected failure point (``fail_rank``/``fail_step``).
+        """
+        cfg = self.cfg
+        if cfg.fail_rank == self.rank and cfg.fail_step == step:
+            raise TrainingError(f"injected failure on rank {self.rank} at step {step} "
+                                f"(fail_rank={cfg.fail_rank}, fail_step={cfg.fail_step})")
+        with self.span("batch", "io"):
+            X, y = self.batches.batch(step)
+        with self.span("forward_backward", "compute", step=step):
+            self.flat.zero_grad()
+            loss = F.cross_entropy(self.model(X), y)
+            loss.backward()
+        value = loss.item()
+        if not math.isfinite(value):
+            raise TrainingError(f"loss is {value} on rank {self.rank} at step {step}: training "
+                                f"diverged; lower lr (now {cfg.lr:g}) or rho (now {cfg.rho:g})")
+        self.add_metric({"kind": "train", "rank": self.rank, "step": step, "t": self.now(), "loss": value})
+        return value
+
+    @torch.no_grad()
+    def evaluate(self, weights: torch.Tensor, **where) -> dict:
+        """Test accuracy and loss of ``weights`` (a flat vector); recorded as a metric."""
+        with self.span("evaluate", "compute"):
+            self._eval_flat.data.copy_(weights)
+            out = self._eval_model(self.data.X_test)
+            loss = F.cross_entropy(out, self.data.y_test).item()
+            acc = (out.argmax(1) == self.data.y_test).float().mean().item()
+        record = {"kind": "eval", "rank": self.rank, "t": self.now(), "test_accuracy": acc,
+                  "test_loss": loss, **where}
+        self.add_metric(record)
+        return record
+
+    def is_eval_point(self, count: int, last: int) -> bool:
+        return count % self.cfg.eval_every == 0 or count == last

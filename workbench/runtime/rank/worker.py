@@ -1,0 +1,88 @@
+"""The program every rank runs: ``python -m mpi4py -m workbench.runtime.rank.worker --run-dir DIR``.
+
+Reads ``DIR/config.json``, trains, and rank 0 writes ``DIR/summary.json``,
+``DIR/metrics.jsonl`` and ``DIR/trace.json``. An exception on any rank propagates out and
+``-m mpi4py`` aborts the whole job, so no rank is left waiting.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+# one thread per rank, decided before torch is imported (it reads this once, at import); the
+# launchers set it already, this covers a rank started by hand
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+from mpi4py import MPI
+
+from ...config import RunConfig
+from ...summary import Summary, build_summary, rank_report
+from ...telemetry import chrome_trace, recording
+from .context import Context
+
+
+def run_rank(cfg: RunConfig, comm: MPI.Comm, run_dir: Path | None, resume: Path | None = None,
+             observers=()) -> Summary | None:
+    """Train on this rank; returns the summary on rank 0 (None elsewhere).
+
+    ``observers``: :class:`~workbench.telemetry.Observer` objects that see every span
+    and metric record as it happens (the notebook's live stream).
+    """
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    ctx = Context(cfg, comm, run_dir, observers)  # ends with a barrier: ctx.t0 is the common start
+    setup = ctx.t0 - start
+    algorithm = ctx.cfg.spec.implementation_class(ctx.rank)(ctx)  # the registry names each rank's class
+    recorder = recording(ctx.telemetry) if ctx.telemetry else nullcontext()
+    with recorder:
+        final = algorithm.run(**({"resume_dir": resume} if resume else {}))
+    wall = ctx.now()  # training only: imports, data loading and model set-up are `setup`
+    return _finish(ctx, final, wall, setup, run_dir)
+
+
+def _finish(ctx: Context, final: torch.Tensor, wall: float, setup: float,
+            run_dir: Path | None) -> Summary | None:
+    cfg, comm = ctx.cfg, ctx.comm
+    events = ctx.telemetry.events if ctx.telemetry else []
+    mine = rank_report(ctx.rank, wall, setup, ctx.steps_completed, ctx.cancelled, ctx.bytes_sent,
+                       ctx.metrics, events)
+    everyone = comm.gather(mine, root=0)
+    if ctx.rank != 0:
+        return None
+    final_eval = ctx.evaluate(final, final=True)
+    checksum = hashlib.sha256(final.numpy().tobytes()).hexdigest() if cfg.spec.synchronous else None
+    summary = build_summary(cfg, everyone, final_eval, ctx.flat.numel, weights_checksum=checksum)
+    if run_dir is not None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        with open(run_dir / "metrics.jsonl", "w") as f:
+            for r in everyone:
+                for m in r["metrics"]:
+                    f.write(json.dumps(m) + "\n")
+            f.write(json.dumps(final_eval) + "\n")
+        trace = chrome_trace([e for r in everyone for e in r["events"]], [r["rank"] for r in everyone],
+                             master=0 if cfg.spec.master_based else None)
+        (run_dir / "trace.json").write_text(json.dumps(trace))
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="workbench.runtime.rank.worker")
+    parser.add_argument("--run-dir", required=True, type=Path)
+    parser.add_argument("--resume", type=Path)
+    args = parser.parse_args(argv)
+    cfg = RunConfig.from_dict(json.loads((args.run_dir / "config.json").read_text()))
+    summary = run_rank(cfg, MPI.COMM_WORLD, args.run_dir, args.resume)
+    if summary is not None:
+        print(json.dumps({k: summary[k] for k in ("algorithm", "final_test_accuracy", "wall_seconds",
+                                                   "comm_fraction")}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""What a finished run reports: the statuses a run can have, the fields of ``summary.json``
+(:class:`Summary`), and the figures computed from a run's parts, each in one place: the steps a
+run takes (:func:`planned_steps`) and the summary itself (:func:`build_summary`, from the
+ranks' :class:`RankReport`).
+
+Pure (standard library and the :mod:`workbench.telemetry` leaf): rank 0 builds the summary
+(:mod:`workbench.runtime.rank.worker`); the notebook's ``RunResult``, the results store's
+summary columns (:data:`STORE_COLUMNS`) and the CLI (:data:`PRINTED_KEYS`) read it.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, TypedDict
+
+from .telemetry import CATEGORIES, busy_seconds, comm_fraction, exposed_comm_seconds
+
+if TYPE_CHECKING:
+    from .config import RunConfig
+
+#: a run's life: ``running`` until it ends ``finished``, ``failed`` or ``cancelled``
+STATUSES = ("running", "finished", "failed", "cancelled")
+
+
+class Summary(TypedDict, total=False):
+    """``summary.json``: what rank 0 writes when a run ends (finished or cancelled).
+
+    A dict at run time (``RunResult.summary``, JSON in the store); this names its keys and types.
+    Times are seconds, sizes bytes, shares fractions in [0, 1].
+    """
+
+    algorithm: str
+    ranks: int
+    workers: int                     # ranks that train: all, or all but the master
+    cancelled: bool                  # stopped early by ``cancel()``
+    config: dict[str, Any]           # the RunConfig as a dict
+    final_test_accuracy: float       # of the final weights (center / master's weights / model)
+    final_test_loss: float
+    final_loss: float | None         # mean train loss of the last ``workers * 5`` steps
+    wall_seconds: float              # training time from the ranks' common start, longest rank
+    setup_seconds: float             # imports, data and model set-up before it, longest rank
+    steps: int                       # training steps taken, summed over the workers
+    steps_per_worker: int            # the most steps one worker took
+    comm_fraction: float | None      # telemetry.comm_fraction, mean over ranks (None: telemetry off)
+    comm_fraction_workers: float | None  # the same over the ranks that train
+    time_in: dict[str, float]        # seconds in each span category and exposed_comm, mean over ranks
+    bytes_sent: int                  # sent by all ranks: exchanges and all-reduces
+    parameters: int                  # model parameters
+    weights_checksum: str            # sha256 of the final weights: synchronous algorithms only
+    evaluations: int                 # evaluation points during training (the final one not counted)
+
+
+#: The keys every ``summary.json`` holds (DESIGN.md's contract); synchronous algorithms add
+#: ``weights_checksum``.
+CONTRACT_KEYS = ("algorithm", "ranks", "config", "final_test_accuracy", "final_loss", "wall_seconds",
+                 "steps", "comm_fraction", "bytes_sent")
+#: Summary fields the results store shows as columns of ``Store.runs()``, with their type.
+STORE_COLUMNS: dict[str, type] = {"final_test_accuracy": float, "final_loss": float, "wall_seconds": float,
+                                  "comm_fraction": float, "steps": int, "bytes_sent": int}
+#: Summary fields ``workbench train`` prints, in order (those a summary has).
+PRINTED_KEYS = ("algorithm", "ranks", "final_test_accuracy", "final_loss", "wall_seconds", "steps",
+                "comm_fraction", "bytes_sent", "weights_checksum")
+
+
+def planned_steps(train_samples: int, workers: int, batch_size: int, epochs: int) -> list[int]:
+    """The training steps each worker takes in a whole run (index = worker), the one place a
+    run's step count is computed: worker ``w`` holds training samples ``w, w + workers, ...``
+    (:func:`workbench.data.shard_indices`) and takes ``len(shard) // batch_size`` steps an epoch
+    (:class:`workbench.data.Batches`); a run takes ``sum(planned_steps(...))`` steps."""
+    return [len(range(w, train_samples, workers)) // batch_size * epochs for w in range(workers)]
+
+
+def status_of(summary: Summary | None) -> str:
+    """A run's status from its summary: ``failed`` without one, else ``cancelled`` or ``finished``."""
+    if summary is None:
+        return "failed"
+    return "cancelled" if summary.get("cancelled") else "finished"
+
+
+class RankReport(TypedDict):
+    """What one rank tells rank 0 when training ends (:func:`rank_report`)."""
+
+    rank: int
+    wall: float            # seconds from the common start to the end of its training loop
+    setup: float           # seconds before the common start
+    time_in: dict[str, float]  # seconds in each span category, and exposed_comm
+    comm_fraction: float   # telemetry.comm_fraction of its spans
+    steps: int             # training steps taken (0 on a master)
+    cancelled: bool
+    bytes_sent: int
+    metrics: list[dict]
+    events: list[dict]
+
+
+def rank_report(rank: int, wall: float, setup: float, steps: int, cancelled: bool, bytes_sent: int,
+                metrics: list[dict], events: list[dict]) -> RankReport:
+    """One rank's report. ``bytes_sent``: bytes its exchanges sent outside the all-reduces;
+    the all-reduce spans' ``bytes_sent`` (``allreduce:*``) are added here."""
+    time_in = {cat: busy_seconds(events, (cat,)) for cat in CATEGORIES}
+    time_in["exposed_comm"] = exposed_comm_seconds(events)
+    allreduce_bytes = sum(e["args"].get("bytes_sent", 0) for e in events if e["name"].startswith("allreduce:"))
+    return {"rank": rank, "wall": wall, "setup": setup, "time_in": time_in,
+            "comm_fraction": comm_fraction(events, wall), "steps": steps, "cancelled": cancelled,
+            "bytes_sent": bytes_sent + allreduce_bytes, "metrics": metrics, "events": events}
+
+
+def build_summary(cfg: "RunConfig", reports: list[RankReport], final_eval: dict, parameters: int,
+                  weights_checksum: str | None = None) -> Summary:
+    """The run's :class:`Summary` from every rank's report and the final evaluation.
+
+    ``steps`` is the sum of the workers' steps (a master takes none); ``comm_fraction`` the
+    mean of the ranks' :func:`~workbench.telemetry.comm_fraction` (None when telemetry is off).
+    """
+    train = [m for r in reports for m in r["metrics"] if m["kind"] == "train"]
+    last_steps = sorted(train, key=lambda m: m["step"])[-max(1, cfg.workers * 5):]
+    summary: Summary = {
+        "algorithm": cfg.algorithm, "ranks": cfg.ranks, "workers": cfg.workers,
+        "cancelled": any(r["cancelled"] for r in reports),
+        "config": cfg.to_dict(),
+        "final_test_accuracy": final_eval["test_accuracy"],
+        "final_test_loss": final_eval["test_loss"],
+        "final_loss": sum(m["loss"] for m in last_steps) / len(last_steps) if last_steps else None,
+        "wall_seconds": max(r["wall"] for r in reports),  # training, from the common start
+        "setup_seconds": max(r["setup"] for r in reports),
+        "steps": sum(r["steps"] for r in reports),
+        "steps_per_worker": max(r["steps"] for r in reports),
+        "comm_fraction": _mean(r["comm_fraction"] for r in reports) if cfg.telemetry else None,
+        "comm_fraction_workers": _mean(r["comm_fraction"] for r in reports if r["steps"] > 0)
+        if cfg.telemetry else None,
+        "time_in": {cat: _mean(r["time_in"][cat] for r in reports) for cat in (*CATEGORIES, "exposed_comm")},
+        "bytes_sent": sum(r["bytes_sent"] for r in reports),
+        "parameters": parameters,
+    }
+    if weights_checksum is not None:
+        summary["weights_checksum"] = weights_checksum
+    summary["evaluations"] = sum(1 for r in reports for m in r["metrics"] if m["kind"] == "eval" and not m.get("final"))
+    return summary
+
+
+def _mean(values: Iterable[float]) -> float:
+    values = list(values)
+    return sum(values) / len(values)
