@@ -165,3 +165,36 @@ def test_the_accuracy_line_says_whose_weights_were_evaluated():
     names = {a: loss_traces(history, a)[-1]["name"] for a in ("sync-easgd", "async-sgd", "sync-sgd")}
     assert names == {"sync-easgd": "test accuracy (center)", "async-sgd": "test accuracy (master's weights)",
                      "sync-sgd": "test accuracy (model)"}
+
+
+def test_the_sweep_panel_sweeps_gradient_communication_options(tmp_path):
+    from types import SimpleNamespace
+
+    from workbench.config import ConfigError
+    from workbench.dashboard.sweep_panel import SweepPanel
+    from workbench.store import Store
+    panel = SweepPanel(SimpleNamespace(n=4), store=Store(tmp_path / "panel.sqlite"))  # build() reads only n
+    panel.algorithms.value = ("sync-sgd",)
+    panel.tau.value = "1"
+    panel.seeds.value = "0"
+    panel.fusion.value = "0, 64K, inf"
+    panel.wire.value = ("fp32", "fp16")
+    panel.sparse.value = "dense, 0.1"
+    sweep = panel.build()
+    points = {(c.fusion_bytes, c.wire_dtype, c.sparse_ratio) for _, c in sweep.points}
+    assert points == {(f, w, s) for f in (0, 65536, None) for w in ("fp32", "fp16") for s in (None, 0.1)}
+    panel.fusion.value = "lots"
+    with pytest.raises(ConfigError, match="fusion bytes: must be 0, inf or a size"):
+        panel.build()
+
+
+def test_buckets_in_flight_get_rows_and_the_status_line_shows_bytes_on_the_wire(tmp_path):
+    from workbench.sizes import format_bytes
+    train(RunConfig(algorithm="sync-sgd", ranks=2, epochs=1, fusion_bytes=1024, collective="ring"), tmp_path / "run")
+    result = RunResult.from_run_dir(tmp_path / "run")
+    dash = Dashboard(result, window_seconds=0.5)
+    assert list(dash.timeline.layout.yaxis.categoryarray) == ["rank 0", "rank 0 in flight", "rank 1",
+                                                              "rank 1 in flight"]
+    comm = next(t for t in dash.timeline.data if t.name == "comm")
+    assert {"rank 0 in flight", "rank 1 in flight"} <= set(comm.y)  # the buckets beside backward
+    assert f"on the wire {format_bytes(result.summary['wire_bytes_per_step'])}/step per rank" in dash.status.value

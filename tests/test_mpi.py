@@ -37,6 +37,12 @@ def nonblocking_count() -> int:
     return collected("tests/mpi/nonblocking_cases.py")
 
 
+@pytest.fixture(scope="module")
+def strategy_count() -> int:
+    """How many cases tests/mpi/strategy_cases.py holds."""
+    return collected("tests/mpi/strategy_cases.py")
+
+
 def assert_every_rank_passed(result, nranks: int, expected: int) -> None:
     """Every rank's pytest summary says ``expected`` passed, nothing failed or errored."""
     for rank in range(nranks):
@@ -64,6 +70,18 @@ def test_nonblocking_cases_under_mpiexec(mpi, nranks, nonblocking_count):
                  "tests/mpi/nonblocking_cases.py", timeout=240)
     assert nonblocking_count > 100
     assert_every_rank_passed(result, nranks, nonblocking_count)
+
+
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4])
+def test_strategy_cases_under_mpiexec(mpi, nranks, strategy_count):
+    """GradientFlow's strategies on real models: fusion buckets and message counts, fused sums
+    against a per-tensor blocking all-reduce, overlap, CSC's selection (identical on every rank),
+    wire bytes against the formulas, residual conservation, ratio 1 as momentum SGD, injected
+    wire overflows skipping the step on every rank, and the ablations' code paths."""
+    result = mpi(nranks, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+                 "tests/mpi/strategy_cases.py", timeout=240)
+    assert strategy_count > 100
+    assert_every_rank_passed(result, nranks, strategy_count)
 
 
 @pytest.mark.parametrize("algorithm", [*schedules.ALGORITHMS, "native"])

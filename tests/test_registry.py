@@ -60,18 +60,21 @@ def test_no_algorithm_name_is_compared_outside_the_registry():
 @pytest.mark.parametrize("name", list(ALGORITHMS))
 def test_an_option_is_refused_exactly_when_the_entry_does_not_use_it(name):
     spec = ALGORITHMS[name]
-    set_values = {"collective": "ring", "tau": 4, "rho": 0.5, "momentum": 0.5}
+    set_values = {"collective": "ring", "tau": 4, "rho": 0.5, "momentum": 0.5, "fusion_bytes": 0,
+                  "wire_dtype": "fp16", "sparse_ratio": 0.1}
     refused = {option for option, _ in ignored_options(name, set_values)}
     assert refused == {option for option in OPTIONS if not spec.uses(option)}
 
 
 def test_options_of_the_families():
     uses = {name: sorted(s.options) for name, s in ALGORITHMS.items()}
-    assert uses["sync-sgd"] == ["collective", "momentum"]
-    assert uses["sync-easgd"] == ["collective", "rho", "tau"]
+    assert uses["sync-sgd"] == ["collective", "fusion_bytes", "momentum", "sparse_ratio", "wire_dtype"]
+    assert uses["sync-easgd"] == ["collective", "fusion_bytes", "rho", "tau"]  # weights: no wire/sparse
     assert uses["async-measgd"] == ["momentum", "rho", "tau"]
     assert all("rho" in s.options for s in ALGORITHMS.values() if s.elastic)
     assert all("collective" not in s.options for s in ALGORITHMS.values() if s.master_based)
+    assert all(not {"fusion_bytes", "wire_dtype", "sparse_ratio"} & s.options
+               for s in ALGORITHMS.values() if s.master_based)
 
 
 def test_an_unknown_option_in_an_entry_is_an_error():

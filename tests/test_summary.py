@@ -95,3 +95,17 @@ def test_the_store_the_cli_and_run_result_read_the_schema():
         "failed", "finished", "cancelled"]
     result = RunResult(run_id="r", config={"ranks": 2}, summary={"steps": 7})
     assert result.total_steps == 7
+
+
+def test_traffic_is_per_rank_averaged_over_ranks_and_per_step_of_a_worker():
+    cfg = RunConfig(algorithm="sync-sgd", ranks=2, epochs=1)
+    final = {"kind": "eval", "test_accuracy": 0.9, "test_loss": 0.3, "final": True}
+    reports = [_report(0, 4), _report(1, 4)]
+    reports[0]["traffic"] = {"wire_bytes": 1000, "dense_wire_bytes": 4000, "messages": 8, "skipped_steps": 1}
+    reports[1]["traffic"] = {"wire_bytes": 3000, "dense_wire_bytes": 4000, "messages": 12, "skipped_steps": 1}
+    result = summary.build_summary(cfg, reports, final, parameters=123)
+    assert (result["wire_bytes"], result["dense_wire_bytes"], result["messages"]) == (2000, 4000, 10)
+    assert (result["wire_bytes_per_step"], result["messages_per_step"]) == (500, 2.5)
+    assert result["compression_ratio"] == 2.0 and result["skipped_steps"] == 1
+    silent = summary.build_summary(cfg, [_report(0, 4), _report(1, 4)], final, parameters=123)
+    assert silent["wire_bytes"] == 0 and silent["compression_ratio"] is None  # nothing counted: no ratio

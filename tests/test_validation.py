@@ -100,13 +100,52 @@ CASES = [
     ("rho-on-sgd", lambda t: ({"algorithm": "async-sgd", "rho": 1.0}), "rho: async-sgd has no elastic term"),
     ("momentum-on-easgd", lambda t: ({"algorithm": "sync-easgd", "momentum": 0.9}),
      "momentum: sync-easgd does not use momentum"),
+    # gradient communication (GradientFlow)
+    ("fusion-on-master", lambda t: ({"algorithm": "async-sgd", "fusion_bytes": 0}),
+     "fusion_bytes: async-sgd is master-based"),
+    ("fusion-negative", lambda t: ({"algorithm": "sync-sgd", "fusion_bytes": -1}),
+     "fusion_bytes must be an integer >= 0"),
+    ("fusion-contradicts-single-buffer", lambda t: ({"algorithm": "sync-sgd", "single_buffer": False,
+                                                     "fusion_bytes": 4096}), "single_buffer=False is fusion_bytes=0"),
+    ("wire-dtype-on-sync-easgd", lambda t: ({"algorithm": "sync-easgd", "wire_dtype": "fp16"}),
+     "wire_dtype: sync-easgd all-reduces weights, not gradients"),
+    ("wire-dtype-on-master", lambda t: ({"algorithm": "async-easgd", "wire_dtype": "bf16"}),
+     "wire_dtype: async-easgd is master-based"),
+    ("wire-dtype-unknown", lambda t: ({"algorithm": "sync-sgd", "wire_dtype": "fp8"}),
+     "wire_dtype must be one of fp32, fp16, bf16; got 'fp8'"),
+    ("sparse-on-sync-easgd", lambda t: ({"algorithm": "sync-easgd", "sparse_ratio": 0.1}),
+     "sparse_ratio: sync-easgd all-reduces weights, not gradients"),
+    ("sparse-ratio-zero", lambda t: ({"algorithm": "sync-sgd", "sparse_ratio": 0}),
+     "sparse_ratio must be a number in (0, 1]"),
+    ("sparse-ratio-above-one", lambda t: ({"algorithm": "sync-sgd", "sparse_ratio": 1.5}),
+     "sparse_ratio must be a number in (0, 1]"),
+    ("sparse-chunk-zero", lambda t: ({"algorithm": "sync-sgd", "sparse_ratio": 0.1, "sparse_chunk": 0}),
+     "sparse_chunk must be an integer >= 1"),
+    ("warmup-without-sparse", lambda t: ({"algorithm": "sync-sgd", "warmup_epochs": 2}),
+     "warmup_epochs is an option of coarse-grained sparse communication; set sparse_ratio"),
+    ("warmup-negative", lambda t: ({"algorithm": "sync-sgd", "sparse_ratio": 0.1, "warmup_epochs": -1}),
+     "warmup_epochs must be an integer >= 0"),
+    ("no-residual-without-sparse", lambda t: ({"algorithm": "sync-sgd", "residual": False}),
+     "residual is an option of coarse-grained sparse communication"),
+    ("communication-unknown", lambda t: ({"algorithm": "sync-sgd", "communication": "turbo"}),
+     "communication must be one of dense, per-tensor, fused, fp16, bf16, csc, gradientflow"),
+    ("communication-unknown-option", lambda t: ({"algorithm": "sync-sgd", "communication": {"fusion": 1}}),
+     "communication: unknown option(s) ['fusion']"),
+    ("communication-contradicts", lambda t: ({"algorithm": "sync-sgd", "communication": "fp16", "wire_dtype": "bf16"}),
+     "wire_dtype='bf16' contradicts communication='fp16'"),
+    ("communication-on-master", lambda t: ({"algorithm": "async-sgd", "communication": "fp16"}),
+     "async-sgd is master-based"),
 ]
 
 _CLI_NAMES = {"model": "--model", "dataset": "--dataset", "algorithm": "--algorithm", "seed": "--seed",
               "collective": "--collective", "tau": "--tau", "rho": "--rho", "momentum": "--momentum",
-              "fail_rank": "--fail-rank", "fail_step": "--fail-step"}
-#: cases the command line cannot even express (a Python object where argv has strings)
-_PYTHON_ONLY = {"model-none", "dataset-path-object", "algorithm-list", "fail-rank-bool"}
+              "fail_rank": "--fail-rank", "fail_step": "--fail-step", "fusion_bytes": "--fusion-bytes",
+              "wire_dtype": "--wire-dtype", "sparse_ratio": "--sparse-ratio", "sparse_chunk": "--sparse-chunk",
+              "warmup_epochs": "--warmup-epochs", "communication": "--communication"}
+#: cases the command line cannot even express (a Python object where argv has strings, a flag
+#: with no value, a value argparse refuses itself: see CLI_CASES)
+_PYTHON_ONLY = {"model-none", "dataset-path-object", "algorithm-list", "fail-rank-bool", "fusion-negative",
+                "fusion-contradicts-single-buffer", "no-residual-without-sparse", "communication-unknown-option"}
 
 # command-line-only cases: (id, tmp_path -> argv after `train --algorithm sync-easgd`, message)
 CLI_CASES = [
@@ -125,6 +164,14 @@ CLI_CASES = [
     ("timeout-negative", lambda t: ["--timeout", "-5"], "argument --timeout: must be a finite number"),
     ("timeout-inf", lambda t: ["--timeout", "inf"], "argument --timeout: must be a finite number"),
     ("timeout-nan", lambda t: ["--timeout", "nan"], "argument --timeout: must be a finite number"),
+    ("fusion-bytes-text", lambda t: ["--algorithm", "sync-sgd", "--fusion-bytes", "lots"],
+     "argument --fusion-bytes: must be 0, inf or a size like 4096, 64K, 1M; got 'lots'"),
+    ("fusion-bytes-negative", lambda t: ["--algorithm", "sync-sgd", "--fusion-bytes", "-4"],
+     "argument --fusion-bytes: must be 0, inf or a size"),
+    ("no-residual-dense", lambda t: ["--algorithm", "sync-sgd", "--no-residual"],
+     "residual is an option of coarse-grained sparse communication"),
+    ("per-layer-and-fusion", lambda t: ["--algorithm", "sync-sgd", "--per-layer", "--fusion-bytes", "1M"],
+     "single_buffer=False is fusion_bytes=0"),
 ]
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from .checks import integer
 from .comm.names import algorithm_names as collective_names
+from .comm.options import DEFAULT_SPARSE_CHUNK, Communication, CommunicationError, resolve
 from .optim.registry import ALGORITHMS
 
 #: Per-algorithm defaults for lr and momentum (reach >= 0.88 test accuracy on digits, 4 ranks).
@@ -36,7 +37,11 @@ MAX_SEED = 2**32 - 1
 #: String fields: a wrong type is a ConfigError, not a TypeError deep in validation.
 _STRING_FIELDS = ("algorithm", "model", "dataset", "collective")
 #: Options that an algorithm may not use: name -> the value meaning "not set" (see :func:`ignored_options`).
-UNSET = {"collective": "native", "tau": 1, "rho": None, "momentum": None}
+UNSET = {"collective": "native", "tau": 1, "rho": None, "momentum": None, "fusion_bytes": None,
+         "wire_dtype": "fp32", "sparse_ratio": None}
+#: seconds one gradient bucket's all-reduce may take before the rank gives up (a backstop: a
+#: failing rank normally brings the whole job down at once)
+COMM_TIMEOUT = 600.0
 
 
 class ConfigError(ValueError):
@@ -82,6 +87,13 @@ def ignored_options(algorithm: str, values: dict[str, Any], derived_rho: float |
     if not spec.uses("momentum") and momentum not in (None, 0, 0.0):
         found.append(("momentum", f"momentum: {algorithm} does not use momentum (got {momentum!r}); leave it "
                                   f"unset (async-measgd is momentum EASGD)"))
+    what = "all-reduces weights, not gradients" if spec.synchronous else \
+        "is master-based (workers exchange with rank 0, no all-reduce)"
+    for option, unset in (("fusion_bytes", None), ("wire_dtype", "fp32"), ("sparse_ratio", None)):
+        value = values.get(option, unset)
+        if not spec.uses(option) and value != unset:
+            found.append((option, f"{option}: {algorithm} {what}, so it cannot use {option}={value!r}; leave it "
+                                  f"unset (gradient-communication strategies apply to {users(option)})"))
     return found
 
 
@@ -124,6 +136,16 @@ class RunConfig:
     collective: str = "native"
     single_buffer: bool = True
     overlap: bool = True
+    # gradient communication (GradientFlow; workbench.comm.options): a preset name or dict of the
+    # options below, which it fills in; then the options themselves
+    communication: str | dict | None = None
+    fusion_bytes: int | None = None
+    wire_dtype: str = "fp32"
+    sparse_ratio: float | None = None
+    sparse_chunk: int = DEFAULT_SPARSE_CHUNK
+    warmup_epochs: int = 0
+    residual: bool = True
+    momentum_correction: bool = True
     eval_every: int = 10
     checkpoint_every: int = 0
     telemetry: bool = True
@@ -175,8 +197,11 @@ class RunConfig:
         if self.collective not in collective_names():
             raise ConfigError(f"collective must be one of {', '.join(collective_names())}; "
                               f"got {self.collective!r}")
+        self._apply_communication()
         ignored = ignored_options(self.algorithm, {"collective": self.collective, "tau": self.tau,
-                                                   "rho": given_rho, "momentum": given_momentum},
+                                                   "rho": given_rho, "momentum": given_momentum,
+                                                   "fusion_bytes": self.fusion_bytes, "wire_dtype": self.wire_dtype,
+                                                   "sparse_ratio": self.sparse_ratio},
                                   derived_rho=BETA / (self.workers * self.lr))
         if ignored:
             raise ConfigError(ignored[0][1])
@@ -192,7 +217,47 @@ class RunConfig:
                 raise ConfigError(f"fail_rank must be a rank in 0..{self.ranks - 1}; got {self.fail_rank!r}")
             integer("fail_step", self.fail_step, 0, error=ConfigError)
 
+    def _apply_communication(self) -> None:
+        """Expand ``communication`` into the option fields and check them all together."""
+        try:
+            preset = resolve(self.communication)
+        except CommunicationError as exc:
+            raise ConfigError(str(exc)) from None
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name, value in preset.items():
+            mine = getattr(self, name)
+            if mine != defaults[name] and mine != value:
+                raise ConfigError(f"{name}={mine!r} contradicts communication={self.communication!r}, which sets "
+                                  f"{name}={value!r}; give one of them")
+            setattr(self, name, value)
+        self.communication = None  # expanded: the fields say it all (and survive to_dict/from_dict)
+        if not isinstance(self.single_buffer, bool):
+            raise ConfigError(f"single_buffer must be true or false; got {self.single_buffer!r}")
+        if not self.single_buffer and self.fusion_bytes not in (None, 0):
+            raise ConfigError(f"single_buffer=False is fusion_bytes=0 (one message per tensor); it contradicts "
+                              f"fusion_bytes={self.fusion_bytes!r}: give one of them")
+        try:
+            self.communication_options  # noqa: B018 - validates
+        except CommunicationError as exc:
+            raise ConfigError(str(exc)) from None
+
     # -- derived -------------------------------------------------------------------------
+    @property
+    def communication_options(self) -> Communication:
+        """The gradient-communication options (``single_buffer=False`` is ``fusion_bytes=0``).
+        ``overlap`` means the gradient hooks for sync-sgd; Sync EASGD and the master-based
+        EASGD workers overlap their weight exchange with the gradient computation instead."""
+        fusion = 0 if not self.single_buffer and self.fusion_bytes is None else self.fusion_bytes
+        return Communication(fusion_bytes=fusion, overlap=self.overlap, wire_dtype=self.wire_dtype,
+                             sparse_ratio=self.sparse_ratio, sparse_chunk=self.sparse_chunk,
+                             warmup_epochs=self.warmup_epochs, residual=self.residual,
+                             momentum_correction=self.momentum_correction)
+
+    @property
+    def comm_timeout(self) -> float:
+        """Seconds a rank waits for one all-reduce of a bucket (:data:`COMM_TIMEOUT`)."""
+        return COMM_TIMEOUT
+
     @property
     def spec(self):
         """The algorithm's registry entry."""

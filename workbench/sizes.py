@@ -19,3 +19,11 @@ def format_size(nbytes: int) -> str:
         if nbytes >= scale and nbytes % scale == 0:
             return f"{nbytes // scale}{unit}"
     return str(nbytes)
+
+
+def format_bytes(nbytes: float) -> str:
+    """A byte count for people: 950 -> '950 B', 28860 -> '28.2 KiB', 3.4e6 -> '3.2 MiB'."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes:.0f} B"

@@ -43,6 +43,14 @@ class Summary(TypedDict, total=False):
     comm_fraction_workers: float | None  # the same over the ranks that train
     time_in: dict[str, float]        # seconds in each span category and exposed_comm, mean over ranks
     bytes_sent: int                  # sent by all ranks: exchanges and all-reduces
+    # gradient/weight exchange traffic, per rank averaged over ranks (telemetry on or off)
+    wire_bytes: float                # bytes one rank put on the wire over the whole run
+    dense_wire_bytes: float          # what dense fp32 with the same algorithm and collective would have sent
+    messages: float                  # messages (all-reduce calls, CSC norms included; point-to-point sends)
+    wire_bytes_per_step: float       # wire_bytes / steps_per_worker
+    messages_per_step: float         # messages / steps_per_worker
+    compression_ratio: float | None  # dense_wire_bytes / wire_bytes (None: nothing sent)
+    skipped_steps: int               # steps every rank skipped (an fp16/bf16 overflow on the wire)
     parameters: int                  # model parameters
     weights_checksum: str            # sha256 of the final weights: synchronous algorithms only
     evaluations: int                 # evaluation points during training (the final one not counted)
@@ -54,10 +62,12 @@ CONTRACT_KEYS = ("algorithm", "ranks", "config", "final_test_accuracy", "final_l
                  "steps", "comm_fraction", "bytes_sent")
 #: Summary fields the results store shows as columns of ``Store.runs()``, with their type.
 STORE_COLUMNS: dict[str, type] = {"final_test_accuracy": float, "final_loss": float, "wall_seconds": float,
-                                  "comm_fraction": float, "steps": int, "bytes_sent": int}
+                                  "comm_fraction": float, "steps": int, "bytes_sent": int,
+                                  "wire_bytes": float, "dense_wire_bytes": float, "messages": float}
 #: Summary fields ``workbench train`` prints, in order (those a summary has).
 PRINTED_KEYS = ("algorithm", "ranks", "final_test_accuracy", "final_loss", "wall_seconds", "steps",
-                "comm_fraction", "bytes_sent", "weights_checksum")
+                "comm_fraction", "bytes_sent", "wire_bytes_per_step", "messages_per_step", "compression_ratio",
+                "weights_checksum")
 
 
 def planned_steps(train_samples: int, workers: int, batch_size: int, epochs: int) -> list[int]:
@@ -86,20 +96,29 @@ class RankReport(TypedDict):
     steps: int             # training steps taken (0 on a master)
     cancelled: bool
     bytes_sent: int
+    traffic: dict[str, int]  # wire_bytes, dense_wire_bytes, messages, skipped_steps (Context.traffic)
     metrics: list[dict]
     events: list[dict]
 
 
+#: the keys of a rank's traffic counters
+TRAFFIC_KEYS = ("wire_bytes", "dense_wire_bytes", "messages", "skipped_steps")
+
+
 def rank_report(rank: int, wall: float, setup: float, steps: int, cancelled: bool, bytes_sent: int,
-                metrics: list[dict], events: list[dict]) -> RankReport:
+                metrics: list[dict], events: list[dict], traffic: dict[str, int] | None = None) -> RankReport:
     """One rank's report. ``bytes_sent``: bytes its exchanges sent outside the all-reduces;
-    the all-reduce spans' ``bytes_sent`` (``allreduce:*``) are added here."""
+    the all-reduce spans' ``bytes_sent`` (``allreduce:*``, ``iallreduce:*``) are added here.
+    ``traffic``: the rank's counters (:attr:`~workbench.runtime.rank.context.Context.traffic`)."""
     time_in = {cat: busy_seconds(events, (cat,)) for cat in CATEGORIES}
     time_in["exposed_comm"] = exposed_comm_seconds(events)
-    allreduce_bytes = sum(e["args"].get("bytes_sent", 0) for e in events if e["name"].startswith("allreduce:"))
+    allreduce_bytes = sum(e["args"].get("bytes_sent", 0) for e in events
+                          if e["name"].startswith(("allreduce:", "iallreduce:")))
     return {"rank": rank, "wall": wall, "setup": setup, "time_in": time_in,
             "comm_fraction": comm_fraction(events, wall), "steps": steps, "cancelled": cancelled,
-            "bytes_sent": bytes_sent + allreduce_bytes, "metrics": metrics, "events": events}
+            "bytes_sent": bytes_sent + allreduce_bytes,
+            "traffic": {key: int((traffic or {}).get(key, 0)) for key in TRAFFIC_KEYS},
+            "metrics": metrics, "events": events}
 
 
 def build_summary(cfg: "RunConfig", reports: list[RankReport], final_eval: dict, parameters: int,
@@ -129,10 +148,23 @@ def build_summary(cfg: "RunConfig", reports: list[RankReport], final_eval: dict,
         "bytes_sent": sum(r["bytes_sent"] for r in reports),
         "parameters": parameters,
     }
+    summary.update(traffic_summary(reports, summary["steps_per_worker"]))
     if weights_checksum is not None:
         summary["weights_checksum"] = weights_checksum
     summary["evaluations"] = sum(1 for r in reports for m in r["metrics"] if m["kind"] == "eval" and not m.get("final"))
     return summary
+
+
+def traffic_summary(reports: list[RankReport], steps_per_worker: int) -> dict[str, Any]:
+    """The traffic fields of :class:`Summary`: per rank, averaged over ranks (a master's
+    replies count like a worker's pushes), and per step of a worker."""
+    mean = {key: _mean(r["traffic"][key] for r in reports) for key in TRAFFIC_KEYS}
+    steps = max(steps_per_worker, 1)
+    return {"wire_bytes": mean["wire_bytes"], "dense_wire_bytes": mean["dense_wire_bytes"],
+            "messages": mean["messages"], "wire_bytes_per_step": mean["wire_bytes"] / steps,
+            "messages_per_step": mean["messages"] / steps,
+            "compression_ratio": mean["dense_wire_bytes"] / mean["wire_bytes"] if mean["wire_bytes"] else None,
+            "skipped_steps": max(r["traffic"]["skipped_steps"] for r in reports)}
 
 
 def _mean(values: Iterable[float]) -> float:

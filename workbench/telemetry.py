@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Iterator
 
 CATEGORIES = ("compute", "comm", "wait", "io")
+#: the trace row of nonblocking all-reduces in flight (thread ids are kept below 100000)
+IN_FLIGHT_TID = 100000
 
 _active: "Telemetry | None" = None
 
@@ -69,11 +71,16 @@ class Telemetry:
         self._events: list[dict] = []  # _raw[:len(_events)] already converted
         self.observers: list[Observer] = []
 
-    def record(self, name: str, cat: str, start_ns: int, end_ns: int, **args: Any) -> None:
-        """Record a finished span from two ``perf_counter_ns`` readings."""
+    def record(self, name: str, cat: str, start_ns: int, end_ns: int, *, tid: int | None = None,
+               **args: Any) -> None:
+        """Record a finished span from two ``perf_counter_ns`` readings.
+
+        ``tid``: the trace row; default the calling thread's. Work that is in flight beside the
+        thread's own spans (a nonblocking all-reduce during backward) goes on a row of its own
+        (:data:`IN_FLIGHT_TID`), so a row's spans always nest."""
         if cat not in CATEGORIES:
             raise ValueError(f"cat must be one of {CATEGORIES}, got {cat!r}")
-        raw = (name, cat, start_ns, end_ns, threading.get_ident() % 100000, args)
+        raw = (name, cat, start_ns, end_ns, threading.get_ident() % 100000 if tid is None else tid, args)
         self._raw.append(raw)
         if self.observers:
             event = self._event(raw)

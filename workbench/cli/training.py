@@ -10,6 +10,7 @@ import dataclasses
 import sys
 
 from ..comm.names import algorithm_names
+from ..comm.options import PRESETS, WIRE_DTYPES
 from ..config import RunConfig, without_ignored
 from ..optim.registry import ALGORITHMS
 from ..runtime.launch.mpiexec import MPILaunchError
@@ -19,6 +20,19 @@ from .recording import recorded_train
 
 #: RunConfig's field defaults: what an option not given means
 DEFAULT = {f.name: f.default for f in dataclasses.fields(RunConfig)}
+
+
+def fusion_bytes(text: str) -> int | None:
+    """``--fusion-bytes``: ``inf`` (one message per step), ``0``, or a size (``4096``, ``64K``)."""
+    if text.strip().lower() in ("inf", "none"):
+        return None
+    if text.strip() == "0":
+        return 0
+    from ..sizes import parse_size
+    try:
+        return parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be 0, inf or a size like 4096, 64K, 1M; got {text!r}") from None
 
 
 def add_to(sub) -> None:
@@ -59,8 +73,28 @@ def _training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--collective", default=DEFAULT["collective"],
                    help=f"all-reduce algorithm of the synchronous algorithms (default {DEFAULT['collective']}): "
                         f"{', '.join(algorithm_names())}")
-    p.add_argument("--per-layer", action="store_true", help="one message per layer instead of one flat buffer")
-    p.add_argument("--no-overlap", action="store_true", help="do not overlap communication with compute")
+    p.add_argument("--per-layer", action="store_true", help="one message per layer instead of one flat buffer "
+                                                            "(= --fusion-bytes 0)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=DEFAULT["overlap"],
+                   help="overlap communication with compute: sync-sgd issues gradient buckets from the backward "
+                        "hooks; the EASGD family exchanges weights while the gradient is computed (default on)")
+    g = p.add_argument_group("gradient communication (sync-sgd; --fusion-bytes also sync-easgd)")
+    g.add_argument("--communication", metavar="PRESET",
+                   help=f"a preset of the options below: {', '.join(PRESETS)}")
+    g.add_argument("--fusion-bytes", type=fusion_bytes, default=DEFAULT["fusion_bytes"], metavar="N",
+                   help="bucket threshold in bytes (4096, 64K, 1M; 0 = one message per tensor; "
+                        "inf = one message per step, the default)")
+    g.add_argument("--wire-dtype", default=DEFAULT["wire_dtype"], metavar="DTYPE",
+                   help=f"dtype of the gradients on the wire: {', '.join(WIRE_DTYPES)} (default fp32)")
+    g.add_argument("--sparse-ratio", type=float, metavar="R",
+                   help="coarse-grained sparse communication: share of chunks sent, in (0, 1] (CSC on when given)")
+    g.add_argument("--sparse-chunk", type=int, default=DEFAULT["sparse_chunk"], metavar="C",
+                   help=f"CSC chunk size in elements (default {DEFAULT['sparse_chunk']})")
+    g.add_argument("--warmup-epochs", type=int, default=DEFAULT["warmup_epochs"], metavar="W",
+                   help="CSC: dense first, the ratio falling to R over W epochs (default 0)")
+    g.add_argument("--no-residual", action="store_true", help="CSC: drop what was not sent (ablation)")
+    g.add_argument("--no-momentum-correction", action="store_true",
+                   help="CSC: apply momentum after the exchange instead of before the selection (ablation)")
     p.add_argument("--eval-every", type=int, default=DEFAULT["eval_every"],
                    help=f"evaluate every N steps (master: arrivals; default {DEFAULT['eval_every']})")
     p.add_argument("--checkpoint-every", type=int, default=DEFAULT["checkpoint_every"],
@@ -74,7 +108,8 @@ def _training_options(p: argparse.ArgumentParser) -> None:
                                                    "data/workbench.sqlite)")
 
 
-_OPTION = {"tau": "--tau", "rho": "--rho", "collective": "--collective", "momentum": "--momentum"}
+_OPTION = {"tau": "--tau", "rho": "--rho", "collective": "--collective", "momentum": "--momentum",
+           "fusion_bytes": "--fusion-bytes", "wire_dtype": "--wire-dtype", "sparse_ratio": "--sparse-ratio"}
 
 
 def _config(args: argparse.Namespace, algorithm: str, shared: bool = False):
@@ -82,8 +117,11 @@ def _config(args: argparse.Namespace, algorithm: str, shared: bool = False):
     (``--collective`` on a master-based one, ``--tau``/``--rho`` on an SGD baseline) is an error,
     unless ``shared`` (compare: the options serve several algorithms): then it is left out for this
     algorithm with a note on stderr."""
-    values = {"algorithm": algorithm, "single_buffer": not args.per_layer, "overlap": not args.no_overlap,
-              "telemetry": not args.no_telemetry,
+    values = {"algorithm": algorithm, "single_buffer": not args.per_layer, "overlap": args.overlap,
+              "telemetry": not args.no_telemetry, "communication": args.communication,
+              "fusion_bytes": args.fusion_bytes, "wire_dtype": args.wire_dtype, "sparse_ratio": args.sparse_ratio,
+              "sparse_chunk": args.sparse_chunk, "warmup_epochs": args.warmup_epochs,
+              "residual": not args.no_residual, "momentum_correction": not args.no_momentum_correction,
               **{name: getattr(args, name) for name in ("ranks", "model", "dataset", "epochs", "seed", "lr", "rho",
                                                         "tau", "momentum", "batch_size", "collective", "eval_every",
                                                         "checkpoint_every", "fail_rank", "fail_step")}}

@@ -87,12 +87,14 @@ class FlatBuffer:
 
     def add_bytes(self, start: int, stop: int, incoming: np.ndarray) -> None:
         """``self[start:stop] += incoming`` where ``incoming`` holds raw bytes of the same dtype."""
-        if self.array is not None:
+        if self.array is not None and (self.tensor is None or self.dtype_name != "float16"):
             seg = self.array[start:stop]
             np.add(seg, incoming.view(self.array.dtype), out=seg)
         else:
+            # bfloat16 (numpy has none) and float16 torch tensors: numpy adds float16 in software,
+            # 29x slower than torch here (1M elements: 6.85 ms vs 0.24 ms)
             bits = torch.from_numpy(incoming.view(np.int16))  # same item size: a plain reinterpret
-            self.tensor[start:stop].add_(bits.view(torch.bfloat16))
+            self.tensor[start:stop].add_(bits.view(self.tensor.dtype))
 
     def write_back(self) -> None:
         """Copy a staged result into the caller's (non-contiguous or non-CPU) object."""

@@ -56,10 +56,11 @@ def run_algorithm(flat: FlatBuffer, comm: MPI.Comm, algorithm: str) -> None:
         flat.tensor.copy_(wide.tensor)  # round once
 
 
-def bytes_sent(flat: FlatBuffer, comm: MPI.Comm, algorithm: str) -> int:
-    """Bytes this rank sent: exact for schedules; for native, a ring's 2(n-1)/n share."""
+def bytes_sent(flat: FlatBuffer, comm: MPI.Comm, algorithm: str, narrow_bf16: bool = False) -> int:
+    """Bytes this rank sent: exact for schedules; for native, a ring's 2(n-1)/n share.
+    bfloat16 travels as float32 (see :func:`wire`) unless ``narrow_bf16``."""
     n = comm.Get_size()
-    itemsize = 4 if flat.dtype_name == "bfloat16" else flat.itemsize  # see wire()
+    itemsize = 4 if flat.dtype_name == "bfloat16" and not narrow_bf16 else flat.itemsize
     if algorithm == NATIVE:
         return round(2 * (n - 1) / n * flat.length * itemsize)
     plan = compile_plan(schedules.ALGORITHMS[algorithm](n), flat.length, comm.Get_rank())

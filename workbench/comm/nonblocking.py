@@ -138,7 +138,7 @@ class Handle:
         rec = self._telemetry
         if rec is not None:
             rec.record(f"iallreduce:{self.algorithm}", "comm", self._start_ns, time.perf_counter_ns(),
-                       bytes=self.nbytes, bytes_sent=self.bytes_sent, algorithm=self.algorithm,
+                       tid=telemetry.IN_FLIGHT_TID, bytes=self.nbytes, bytes_sent=self.bytes_sent, algorithm=self.algorithm,
                        requested=self.requested, dtype=self._flat.dtype_name)
 
     def test(self) -> bool:
@@ -203,9 +203,9 @@ class _ScheduleHandle(Handle):
     """One step of the compiled plan in flight at a time, on this handle's tag and workspace."""
 
     def __init__(self, buf: Any, flat: FlatBuffer, comm: MPI.Comm, algorithm: str, requested: str,
-                 sent: int) -> None:
+                 sent: int, narrow_bf16: bool = False) -> None:
         super().__init__(buf, flat, comm, algorithm, requested, sent)
-        self._wide = wire(flat)
+        self._wide = flat if narrow_bf16 else wire(flat)
         self._pcomm = private_comm(comm)
         self._rank = comm.Get_rank()
         self._schedule = schedules.ALGORITHMS[algorithm](comm.Get_size())
@@ -254,7 +254,8 @@ class _ScheduleHandle(Handle):
         return f" (step {self._index + 1} of {len(self._plan.steps)}, tag {self._tag})"
 
 
-def iallreduce(buf: Any, comm: MPI.Comm | None = None, algorithm: str = AUTO) -> Handle:
+def iallreduce(buf: Any, comm: MPI.Comm | None = None, algorithm: str = AUTO, *,
+               narrow_bf16: bool = False) -> Handle:
     """Start summing ``buf`` element-wise across the ranks of ``comm``, in place; return at once.
 
     Args:
@@ -263,6 +264,10 @@ def iallreduce(buf: Any, comm: MPI.Comm | None = None, algorithm: str = AUTO) ->
         comm: an mpi4py communicator (default ``MPI.COMM_WORLD``).
         algorithm: a schedule name, ``"native"`` or ``"auto"`` (resolved now, as ``allreduce``
             does: collective on a size's first use, see the module docstring).
+
+    ``narrow_bf16``: a bfloat16 buffer travels as bfloat16 (half the bytes; every step's partial
+    sum is rounded to bfloat16: wire precision, :mod:`workbench.comm.strategies`). MPI has no
+    bfloat16 sum, so ``native`` and ``auto`` then run ``ring``.
 
     Every rank issues the same handles in the same order. On one rank nothing runs: the handle
     is done at once (``algorithm`` is the requested one, ``native`` for ``auto``). When a
@@ -274,11 +279,15 @@ def iallreduce(buf: Any, comm: MPI.Comm | None = None, algorithm: str = AUTO) ->
     comm = MPI.COMM_WORLD if comm is None else comm
     if comm.Get_size() == 1:
         return Handle(buf, flat, comm, NATIVE if algorithm == AUTO else algorithm, algorithm, 0)
-    chosen = choose(flat, comm) if algorithm == AUTO else algorithm
-    sent = bytes_sent(flat, comm, chosen)
+    narrow = narrow_bf16 and flat.dtype_name == "bfloat16"
+    if narrow and algorithm in (AUTO, NATIVE):
+        chosen = "ring"
+    else:
+        chosen = choose(flat, comm) if algorithm == AUTO else algorithm
+    sent = bytes_sent(flat, comm, chosen, narrow_bf16=narrow)
     if chosen == NATIVE:
         return _NativeHandle(buf, flat, comm, algorithm, sent)
-    return _ScheduleHandle(buf, flat, comm, chosen, algorithm, sent)
+    return _ScheduleHandle(buf, flat, comm, chosen, algorithm, sent, narrow_bf16=narrow)
 
 
 def progress(comm: MPI.Comm | None = None) -> int:

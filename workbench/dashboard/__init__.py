@@ -27,6 +27,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from ..results import RunObserver
+from ..optim.registry import ALGORITHMS
 from .figures import (loss_figure, loss_layout, loss_traces, share_figure, share_layout, share_traces,
                       status_line, time_shares, timeline_figure, timeline_layout, timeline_traces)
 
@@ -59,7 +60,10 @@ class Dashboard(RunObserver):
         self._closed = threading.Event()
         self.loss = go.FigureWidget(layout=loss_layout())
         self.shares = go.FigureWidget(layout=share_layout(self.ranks))
-        self.timeline = go.FigureWidget(layout=timeline_layout(self.ranks, [0, window_seconds * 1e3]))
+        # the algorithms that reduce gradients in nonblocking buckets get rows for what is in flight
+        buckets = self.algorithm in ALGORITHMS and ALGORITHMS[self.algorithm].uses("wire_dtype")
+        self.timeline = go.FigureWidget(layout=timeline_layout(self.ranks, [0, window_seconds * 1e3],
+                                                               in_flight=buckets))
         self.status = w.HTML()
         self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0, description="progress",
                                         layout=w.Layout(width="60%"))

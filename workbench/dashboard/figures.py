@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..telemetry import CATEGORIES
+from ..sizes import format_bytes
+from ..telemetry import CATEGORIES, IN_FLIGHT_TID
 from ..telemetry import time_shares as rank_time_shares
 
 COLOURS = {"compute": "#4C78A8", "comm": "#E45756", "wait": "#F2A541", "io": "#54A24B", "other": "#BAB0AC"}
@@ -93,19 +94,31 @@ def share_figure(shares: pd.DataFrame, title: str = "Time share per rank") -> go
     return go.Figure(data=share_traces(shares), layout=share_layout(len(shares), title))
 
 
+def timeline_rows(ranks: int, in_flight: bool = False) -> list[str]:
+    """The timeline's rows: one per rank and, with ``in_flight``, one below each for the
+    nonblocking all-reduces in flight beside it (gradient buckets during backward)."""
+    return [row for r in range(ranks) for row in ([f"rank {r}", f"rank {r} in flight"] if in_flight
+                                                     else [f"rank {r}"])]
+
+
+def _row(event: dict) -> str:
+    return f"rank {event['pid']}" + (" in flight" if event.get("tid") == IN_FLIGHT_TID else "")
+
+
 def timeline_traces(trace: list[dict], ranks: int, window_seconds: float = 2.0) -> tuple[list[dict], list[float]]:
-    """Bars of the last ``window_seconds`` (one row per rank, coloured by category) and the x range (ms)."""
-    labels = np.array([f"rank {r}" for r in range(ranks)])
+    """Bars of the last ``window_seconds`` (one row per rank, coloured by category; all-reduces
+    in flight on a row of their own) and the x range (ms)."""
     # spans arrive roughly in time order: the window is in the tail, no need to scan the whole run
     tail = [e for e in trace[-4 * MAX_TIMELINE_BARS:] if e.get("ph", "X") == "X" and e.get("cat") in CATEGORIES]
     end = max((e["ts"] + e["dur"] for e in tail), default=0.0)
     start = end - window_seconds * 1e6
     recent = [e for e in tail if e["ts"] + e["dur"] >= start][-MAX_TIMELINE_BARS:]
+    labels = np.array(timeline_rows(ranks))
     traces = []
     for cat in CATEGORIES:
         part = [e for e in recent if e["cat"] == cat]
         traces.append(dict(
-            type="bar", y=labels[[e["pid"] for e in part]] if part else np.array([], dtype=object),
+            type="bar", y=np.array([_row(e) for e in part], dtype=object) if part else np.array([], dtype=object),
             x=np.array([e["dur"] / 1e3 for e in part]), base=np.array([e["ts"] / 1e3 for e in part]),
             orientation="h", name=cat, marker=dict(color=COLOURS[cat]),
             hovertext=np.array([e["name"] for e in part], dtype=object),
@@ -117,19 +130,24 @@ def timeline_traces(trace: list[dict], ranks: int, window_seconds: float = 2.0) 
     return traces, [left, end / 1e3 if end else window_seconds * 1e3]
 
 
-def timeline_layout(ranks: int, x_range: list[float], title: str = "Per-rank timeline") -> dict:
+def timeline_layout(ranks: int, x_range: list[float], title: str = "Per-rank timeline",
+                    in_flight: bool = False) -> dict:
+    """One row per rank; with ``in_flight`` (algorithms that issue nonblocking all-reduces:
+    sync-sgd's gradient buckets) a row below each for what is in flight beside it."""
     return dict(title=dict(text=title), barmode="overlay", template="plotly_white", height=80 + 45 * ranks,
-                margin=dict(l=70, r=20, t=50, b=40),
+                margin=dict(l=110, r=20, t=50, b=40),
                 xaxis=dict(title=dict(text="milliseconds since start"), range=x_range),
-                yaxis=dict(categoryorder="array", categoryarray=[f"rank {r}" for r in range(ranks)],
+                yaxis=dict(categoryorder="array", categoryarray=timeline_rows(ranks, in_flight),
                            autorange="reversed", type="category"))
 
 
 def timeline_figure(trace: list[dict], ranks: int, window_seconds: float = 2.0,
                     title: str = "Per-rank timeline") -> go.Figure:
-    """A Gantt of the last ``window_seconds`` of the trace: one row per rank, coloured by category."""
+    """A Gantt of the last ``window_seconds`` of the trace: one row per rank, coloured by
+    category, and rows of all-reduces in flight when the trace has any."""
     traces, x_range = timeline_traces(trace, ranks, window_seconds)
-    return go.Figure(data=traces, layout=timeline_layout(ranks, x_range, title))
+    in_flight = any(e.get("tid") == IN_FLIGHT_TID for e in trace[-4 * MAX_TIMELINE_BARS:])
+    return go.Figure(data=traces, layout=timeline_layout(ranks, x_range, title, in_flight))
 
 
 def status_line(source) -> tuple[str, float]:
@@ -148,4 +166,22 @@ def status_line(source) -> tuple[str, float]:
     text = (f"<b>{config.get('algorithm')}</b> on {config.get('ranks')} ranks &middot; <b>{source.status}</b>"
             f" &middot; step {steps}/{total} &middot; epoch {epoch:.1f}/{config.get('epochs')}"
             f" &middot; {rate:,.0f} samples/s &middot; ETA {eta:.1f} s &middot; test accuracy {acc}")
+    wire = wire_bytes_per_step(getattr(source, "trace", None) or [], train)
+    if wire is not None:
+        text += f" &middot; on the wire {format_bytes(wire)}/step per rank"
     return text, fraction
+
+
+def wire_bytes_per_step(trace: list[dict], train: pd.DataFrame) -> float | None:
+    """Bytes one rank put on the wire per training step so far, mean over the ranks that train:
+    the ``bytes_sent`` of its all-reduce spans (blocking and nonblocking, norms included) over
+    its steps. None before any step or without such spans (the master-based algorithms)."""
+    if train.empty:
+        return None
+    sent: dict[int, float] = {}
+    for e in trace:
+        if e.get("name", "").startswith(("allreduce:", "iallreduce:")):
+            sent[e["pid"]] = sent.get(e["pid"], 0.0) + e.get("args", {}).get("bytes_sent", 0)
+    steps = train.groupby("rank").size()
+    per_step = [sent[r] / n for r, n in steps.items() if n and r in sent]
+    return sum(per_step) / len(per_step) if per_step else None

@@ -16,6 +16,7 @@ import threading
 import ipywidgets as w
 import plotly.graph_objects as go
 
+from ..comm.options import WIRE_DTYPES
 from ..config import ConfigError, RunConfig
 from ..optim.registry import ALGORITHMS
 
@@ -31,6 +32,15 @@ def _numbers(text: str, kind=float, name: str = "value") -> list:
     if not values:
         raise ConfigError(f"{name}: give at least one value")
     return values
+
+
+def _fusion(text: str) -> int | None:
+    """A fusion threshold as the CLI takes it (``0``, ``64K``, ``inf``), or a ConfigError."""
+    from ..cli.training import fusion_bytes
+    try:
+        return fusion_bytes(text)
+    except Exception as exc:  # argparse.ArgumentTypeError
+        raise ConfigError(f"fusion bytes: {exc}") from None
 
 
 class SweepPanel:
@@ -51,6 +61,12 @@ class SweepPanel:
                                       style=style)
         self.seeds = w.Text(value="0, 1", description="seeds", style=style)
         self.epochs = w.BoundedIntText(value=3, min=1, max=1000, description="epochs", style=style)
+        # gradient communication (sync-sgd; fusion also sync-easgd): each a list of values to sweep
+        self.fusion = w.Text(value="", placeholder="inf (one message per step)", description="fusion bytes",
+                             style=style)
+        self.wire = w.SelectMultiple(options=list(WIRE_DTYPES), value=("fp32",), rows=3, description="wire dtype",
+                                     style=style)
+        self.sparse = w.Text(value="", placeholder="dense", description="sparse ratio", style=style)
         self.target = w.BoundedFloatText(value=0.9, min=0.1, max=1.0, step=0.01, description="target acc",
                                          style=style)
         self.launch = w.Button(description="Launch", button_style="success", icon="play")
@@ -63,7 +79,8 @@ class SweepPanel:
         self.launch.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
         controls = w.VBox([self.algorithms, self.lr, self.rho, self.tau, self.ranks, self.seeds, self.epochs,
-                           self.target, w.HBox([self.launch, self.stop_button])])
+                           self.fusion, self.wire, self.sparse, self.target,
+                           w.HBox([self.launch, self.stop_button])])
         self.widget = w.VBox([w.HBox([controls, w.VBox([self.progress, self.status, self.table])]),
                               self.figure])
 
@@ -81,6 +98,17 @@ class SweepPanel:
             grid["lr"] = _numbers(self.lr.value, float, "lr")
         if self.rho.value.strip():
             grid["rho"] = _numbers(self.rho.value, float, "rho")
+        if self.fusion.value.strip():
+            grid["fusion_bytes"] = [_fusion(part) for part in self.fusion.value.replace(";", ",").split(",")
+                                    if part.strip()]
+        if tuple(self.wire.value) != ("fp32",):
+            if not self.wire.value:
+                raise ConfigError("wire dtype: choose at least one")
+            grid["wire_dtype"] = list(self.wire.value)
+        if self.sparse.value.strip():
+            grid["sparse_ratio"] = [None if part.strip().lower() in ("dense", "none") else _numbers(part, float,
+                                                                                                  "sparse ratio")[0]
+                                    for part in self.sparse.value.replace(";", ",").split(",") if part.strip()]
         low, high = self.ranks.value
         if low != high:
             grid["ranks"] = list(range(low, high + 1))
@@ -151,8 +179,9 @@ class SweepPanel:
         frame = self.sweep.results()
         if frame.empty:
             return
-        columns = [c for c in ("algorithm", "tau", "lr", "rho", "ranks", "seed", "status", "final_test_accuracy",
-                               "time_to_target", "comm_fraction") if c in frame.columns]
+        columns = [c for c in ("algorithm", "tau", "lr", "rho", "ranks", "fusion_bytes", "wire_dtype", "sparse_ratio",
+                               "seed", "status", "final_test_accuracy", "time_to_target", "comm_fraction",
+                               "wire_bytes") if c in frame.columns]
         self.table.value = frame[columns].to_html(index=False, float_format=lambda v: f"{v:.3g}")
         figure = self.sweep.plot()
         with self.figure.batch_update():

@@ -43,8 +43,11 @@ class _Messages:
         return [t.numpy()] if self.single else [s.numpy() for s in self.ctx.flat.segments(t)]
 
     def isend(self, t, dest, tag) -> list:
+        parts = self.parts(t)
         self.ctx.bytes_sent += t.numel() * t.element_size()
-        return [self.ctx.comm.Isend(p, dest=dest, tag=tag) for p in self.parts(t)]
+        for part in parts:
+            self.ctx.count_message(part.nbytes)
+        return [self.ctx.comm.Isend(p, dest=dest, tag=tag) for p in parts]
 
     def irecv(self, t, source, tag) -> list:
         return [self.ctx.comm.Irecv(p, source=source, tag=tag) for p in self.parts(t)]

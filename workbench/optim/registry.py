@@ -15,7 +15,7 @@ from importlib import import_module
 
 #: RunConfig options whose meaning depends on the algorithm: an algorithm that does not use one
 #: refuses it (:func:`workbench.config.ignored_options`)
-OPTIONS = ("collective", "tau", "rho", "momentum")
+OPTIONS = ("collective", "tau", "rho", "momentum", "fusion_bytes", "wire_dtype", "sparse_ratio")
 
 _SYNC, _MASTER = "workbench.optim.sync", "workbench.optim.master"
 
@@ -37,7 +37,9 @@ class AlgorithmSpec:
         momentum: a momentum variant: its default momentum is > 0 (``config.DEFAULTS``); an
             elastic one takes the momentum worker step (MEASGD).
         options: the options of :data:`OPTIONS` it uses: ``collective`` (the all-reduce of the
-            synchronous algorithms), ``tau`` (the communication period), ``rho``, ``momentum``.
+            synchronous algorithms), ``tau`` (the communication period), ``rho``, ``momentum``,
+            and the gradient-communication strategies (``fusion_bytes``: the buckets of the
+            all-reduce, gradients or weights; ``wire_dtype`` and ``sparse_ratio``: gradients only).
     """
 
     name: str
@@ -80,7 +82,8 @@ def _spec(name: str, description: str, implementation: str, master: str | None =
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {s.name: s for s in [
     _spec("sync-sgd", "synchronous data-parallel SGD: all-reduce of gradients every step",
-          f"{_SYNC}:SyncSGD", synchronous=True, momentum=True, options=("collective", "momentum")),
+          f"{_SYNC}:SyncSGD", synchronous=True, momentum=True,
+          options=("collective", "momentum", "fusion_bytes", "wire_dtype", "sparse_ratio")),
     # the SGD baselines' master applies momentum when it is set (async-msgd sets it by default)
     _spec("async-sgd", "Downpour-style: workers push gradients, the master applies them "
           "first-come-first-served and returns weights",
@@ -104,7 +107,8 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {s.name: s for s in [
           f"{_MASTER}:ElasticWorker", f"{_MASTER}:HogwildMaster", elastic=True, options=("tau", "rho")),
     _spec("sync-easgd", "lock-step EASGD: all-reduce of worker weights, elastic worker step "
           "and synchronous center step on every rank",
-          f"{_SYNC}:SyncEASGD", synchronous=True, elastic=True, options=("collective", "tau", "rho")),
+          f"{_SYNC}:SyncEASGD", synchronous=True, elastic=True,
+          options=("collective", "tau", "rho", "fusion_bytes")),
 ]}
 
 

@@ -1,11 +1,18 @@
 """Synchronous algorithms: every rank trains, lock-step, bitwise deterministic for a seed.
 
-``sync-sgd``: all-reduce of gradients each step (one flat message, or one per layer), then a
-momentum SGD step on every rank. ``sync-easgd``: the SC'17 lock-step scheme with the center
-replicated on every rank: (1) workers compute gradients while (2-3) the sum of the workers'
-weights is all-reduced (overlapped in a communication thread, ``overlap=True``), then
-(4) the elastic worker step and (5) the synchronous center step, both from the same pre-step
-values. Since every rank receives bit-identical sums, every rank's center is identical.
+``sync-sgd``: the gradients are reduced by a :class:`~workbench.comm.strategies.GradientReducer`
+(GradientFlow's strategies: fusion buckets, overlap with backward, fp16/bf16 on the wire,
+coarse-grained sparse communication; dense fp32 in one message by default), then a momentum
+SGD step on every rank (without momentum when CSC's momentum correction carries it).
+``sync-easgd``: the SC'17 lock-step scheme with the center replicated on every rank: (1)
+workers compute gradients while (2-3) the sum of the workers' weights is all-reduced
+(overlapped in a communication thread, ``overlap=True``; in fusion buckets), then (4) the
+elastic worker step and (5) the synchronous center step, both from the same pre-step values.
+Since every rank receives bit-identical sums, every rank's center is identical. Sync EASGD
+all-reduces weights, not gradients: fusion applies (buckets of the weight vector), the
+gradient hooks do not (the weights are known before backward starts, so the whole exchange
+overlaps the gradient computation already), nor do wire precision and CSC (see
+``workbench.config``).
 """
 from __future__ import annotations
 
@@ -14,16 +21,29 @@ import threading
 import torch
 
 from ..comm import allreduce
+from ..comm.buffers import FlatBuffer
+from ..comm.implementations import bytes_sent
+from ..comm.mpi_allreduce import choose
+from ..comm.names import AUTO
+from ..comm.strategies import GradientReducer, bucket_bounds, dense_bytes
+from ..comm.options import warmup_ratio
 from ..runtime.rank import checkpoint
 from ..runtime.rank.context import Context
 from . import rules
 
 
 def reduce_flat(ctx: Context, buf: torch.Tensor) -> None:
-    """All-reduce a flat tensor: one message, or one per layer (``single_buffer=False``)."""
-    parts = [buf] if ctx.cfg.single_buffer else ctx.flat.segments(buf)
-    for part in parts:
-        allreduce(part, ctx.comm, ctx.cfg.collective)
+    """All-reduce a flat tensor laid out like the parameters, in the run's fusion buckets
+    (one message by default, one per parameter tensor with ``fusion_bytes=0``). Blocking:
+    Sync EASGD overlaps it with the gradient in a thread, where blocking MPI calls release
+    the GIL (a nonblocking handle's wait loop would compete with the computing thread)."""
+    fusion = ctx.cfg.communication_options.fusion_bytes
+    for start, stop, _ in bucket_bounds(ctx.flat.bounds, fusion, buf.element_size()):
+        part = FlatBuffer(buf[start:stop])
+        algorithm = choose(part, ctx.comm) if ctx.cfg.collective == AUTO else ctx.cfg.collective
+        allreduce(buf[start:stop], ctx.comm, algorithm)
+        if ctx.size > 1:
+            ctx.count_message(bytes_sent(part, ctx.comm, algorithm), dense_bytes(stop - start, ctx.comm, algorithm))
 
 
 class _Background:
@@ -92,16 +112,46 @@ class SyncAlgorithm:
 
 
 class SyncSGD(SyncAlgorithm):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        cfg = ctx.cfg
+        self.options = cfg.communication_options
+        self.reducer = GradientReducer(ctx.flat.params, ctx.flat.bounds, ctx.flat.grad, ctx.comm, cfg.collective,
+                                       self.options, momentum=cfg.momentum, timeout=cfg.comm_timeout)
+
     def final_weights(self) -> torch.Tensor:
         return self.ctx.flat.data
 
+    def state(self, step: int) -> dict:
+        state = super().state(step)
+        if self.options.sparse:  # CSC's momentum and residual belong to the run's state
+            state.update(u=self.reducer.state.u.clone(), r=self.reducer.state.v.clone())
+        return state
+
+    def restore(self, state: dict) -> None:
+        super().restore(state)
+        if self.options.sparse and "u" in state:
+            self.reducer.state.u.copy_(state["u"])
+            self.reducer.state.v.copy_(state["r"])
+
     def step(self, step: int) -> None:
-        ctx, cfg = self.ctx, self.ctx.cfg
-        ctx.gradient(step)
-        reduce_flat(ctx, ctx.flat.grad)
+        ctx, cfg, reducer = self.ctx, self.ctx.cfg, self.reducer
+        ratio = 1.0
+        if self.options.sparse:
+            ratio = warmup_ratio(self.options.sparse_ratio, ctx.epoch_of(step), self.options.warmup_epochs)
+        reducer.start(ratio)
+        ctx.gradient(step)  # with overlap, the buckets are issued from the gradient hooks
+        with ctx.span("reduce_gradients", "wait", buckets=len(reducer.buckets)):
+            apply = reducer.finish()
+        state = reducer.state  # the reducer is all this algorithm sends
+        ctx.traffic.update(wire_bytes=state.wire_bytes, dense_wire_bytes=state.dense_wire_bytes,
+                           messages=state.messages, skipped_steps=state.skipped_steps)
+        if not apply:  # a wire overflow on some rank: every rank skips this step
+            return
         with ctx.span("update", "compute"):
             grad = ctx.flat.grad / ctx.size
-            x, self.velocity = rules.momentum_sgd(ctx.flat.data, self.velocity, grad, cfg.lr, cfg.momentum)
+            momentum = 0.0 if reducer.momentum_in_communication else cfg.momentum
+            x, self.velocity = rules.momentum_sgd(ctx.flat.data, self.velocity, grad, cfg.lr, momentum)
             ctx.flat.data.copy_(x)
 
 

@@ -63,7 +63,21 @@ class Context:
         self.telemetry = Telemetry(self.rank, time.perf_counter_ns()) if cfg.telemetry else None
         if self.telemetry:
             self.telemetry.observers.extend(self.observers)
-        self.bytes_sent = 0
+        self.bytes_sent = 0  # bytes the point-to-point exchanges sent (the all-reduces are in their spans)
+        #: this rank's gradient/weight exchange traffic (every algorithm, telemetry on or off):
+        #: bytes on the wire, what dense fp32 would have sent, messages, steps skipped (wire overflow)
+        self.traffic = {"wire_bytes": 0, "dense_wire_bytes": 0, "messages": 0, "skipped_steps": 0}
+
+    def count_message(self, wire_bytes: int, dense_wire_bytes: int | None = None) -> None:
+        """Count one message this rank sent (``dense_wire_bytes``: its dense fp32 equivalent,
+        default the same bytes)."""
+        self.traffic["messages"] += 1
+        self.traffic["wire_bytes"] += wire_bytes
+        self.traffic["dense_wire_bytes"] += wire_bytes if dense_wire_bytes is None else dense_wire_bytes
+
+    def epoch_of(self, step: int) -> float:
+        """The (fractional) epoch a training step falls in."""
+        return step / self.batches.steps_per_epoch if self.batches is not None else 0.0
 
     # -- metrics and cancellation ----------------------------------------------------------
     def add_metric(self, record: dict) -> None:

@@ -36,9 +36,12 @@ def run_rank(cfg: RunConfig, comm: MPI.Comm, run_dir: Path | None, resume: Path 
     """
     torch.set_num_threads(1)
     start = time.perf_counter()
+    # the registry names each rank's class; importing it (the algorithms and the communication
+    # stack: tens of ms) is set-up, before the common start
+    implementation = cfg.spec.implementation_class(comm.Get_rank())
     ctx = Context(cfg, comm, run_dir, observers)  # ends with a barrier: ctx.t0 is the common start
     setup = ctx.t0 - start
-    algorithm = ctx.cfg.spec.implementation_class(ctx.rank)(ctx)  # the registry names each rank's class
+    algorithm = implementation(ctx)
     recorder = recording(ctx.telemetry) if ctx.telemetry else nullcontext()
     with recorder:
         final = algorithm.run(**({"resume_dir": resume} if resume else {}))
@@ -51,7 +54,7 @@ def _finish(ctx: Context, final: torch.Tensor, wall: float, setup: float,
     cfg, comm = ctx.cfg, ctx.comm
     events = ctx.telemetry.events if ctx.telemetry else []
     mine = rank_report(ctx.rank, wall, setup, ctx.steps_completed, ctx.cancelled, ctx.bytes_sent,
-                       ctx.metrics, events)
+                       ctx.metrics, events, ctx.traffic)
     everyone = comm.gather(mine, root=0)
     if ctx.rank != 0:
         return None

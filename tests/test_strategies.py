@@ -1,0 +1,189 @@
+"""The pure parts of GradientFlow's strategies, in one process (no mpiexec): fusion's bucket
+bounds, CSC's warm-up schedule, and the options' validation messages. The collective parts run
+under mpiexec in tests/mpi/strategy_cases.py (tests/test_mpi.py)."""
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from workbench.comm.options import (DEFAULT_SPARSE_CHUNK, FIELDS, PRESETS, Communication, CommunicationError,
+                                    resolve, warmup_ratio)
+from workbench.comm.strategies import bucket_bounds
+
+
+def layout(*sizes: int) -> list[tuple[int, int]]:
+    """Parameters' (start, stop) element ranges in registration order, as FlatParams lays them."""
+    bounds, offset = [], 0
+    for n in sizes:
+        bounds.append((offset, offset + n))
+        offset += n
+    return bounds
+
+
+# -- bucket_bounds -------------------------------------------------------------------------------
+
+def test_zero_threshold_is_one_bucket_per_parameter_in_backward_order():
+    assert bucket_bounds(layout(3, 5, 2), 0) == [(8, 10, (2,)), (3, 8, (1,)), (0, 3, (0,))]
+
+
+def test_no_threshold_is_one_bucket_of_everything():
+    assert bucket_bounds(layout(3, 5, 2), None) == [(0, 10, (2, 1, 0))]
+
+
+def test_a_bucket_closes_once_it_reaches_the_threshold():
+    # backward order 10, 20, 30, 5 elements = 40, 80, 120, 20 bytes; theta 100 bytes: 40 + 80,
+    # then 120 alone, then the 20 left over (the last bucket may stay below theta)
+    assert bucket_bounds(layout(5, 30, 20, 10), 100) == [(35, 65, (3, 2)), (5, 35, (1,)), (0, 5, (0,))]
+    # exactly theta closes the bucket (>=)
+    assert bucket_bounds(layout(1, 25, 25), 100) == [(26, 51, (2,)), (1, 26, (1,)), (0, 1, (0,))]
+
+
+@pytest.mark.parametrize("theta", [1, 7, 64, 100, 400, 10_000])
+def test_buckets_tile_the_pool_and_each_but_the_last_reaches_the_threshold(theta):
+    sizes = [17, 1, 64, 3, 250, 9, 0, 40]
+    bounds = layout(*sizes)
+    buckets = bucket_bounds(bounds, theta)
+    assert [p for _, _, params in buckets for p in params] == list(reversed(range(len(sizes))))
+    assert buckets[0][1] == sum(sizes) and buckets[-1][0] == 0
+    assert all(later[1] == earlier[0] for earlier, later in zip(buckets, buckets[1:]))  # contiguous
+    for start, stop, params in buckets[:-1]:
+        assert (stop - start) * 4 >= theta
+        assert sum(bounds[p][1] - bounds[p][0] for p in params[:-1]) * 4 < theta  # closed at once
+    for start, stop, params in buckets:
+        assert (start, stop) == (min(bounds[p][0] for p in params), max(bounds[p][1] for p in params))
+
+
+def test_threshold_above_the_pool_is_one_bucket():
+    assert bucket_bounds(layout(3, 5), 1 << 30) == [(0, 8, (1, 0))]
+
+
+def test_itemsize_scales_the_threshold():
+    bounds = layout(10, 10, 10)
+    assert bucket_bounds(bounds, 80, itemsize=8) == bucket_bounds(bounds, 40, itemsize=4) == [
+        (20, 30, (2,)), (10, 20, (1,)), (0, 10, (0,))]
+    assert bucket_bounds(bounds, 80, itemsize=4) == [(10, 30, (2, 1)), (0, 10, (0,))]
+
+
+def test_empty_parameters_and_no_parameters():
+    assert bucket_bounds([], 0) == [] and bucket_bounds([], None) == [] and bucket_bounds([], 100) == []
+    # a parameter of no elements is a bucket of its own at theta 0 (0 bytes >= 0), otherwise it joins one
+    assert bucket_bounds(layout(4, 0, 4), 0) == [(4, 8, (2,)), (4, 4, (1,)), (0, 4, (0,))]
+    assert bucket_bounds(layout(4, 0, 4), 16) == [(4, 8, (2,)), (0, 4, (1, 0))]
+    assert bucket_bounds(layout(0), 16) == [(0, 0, (0,))]
+
+
+# -- warmup_ratio ------------------------------------------------------------------------------------
+
+def test_no_warm_up_is_the_final_ratio_from_the_start():
+    assert all(warmup_ratio(0.1, epoch, 0) == 0.1 for epoch in (0, 0.5, 1, 7.3))
+
+
+def test_warm_up_is_dense_for_an_epoch_then_falls_geometrically_to_the_final_ratio():
+    final, warm = 0.001, 3
+    assert warmup_ratio(final, 0.0, warm) == warmup_ratio(final, 0.99, warm) == 1.0
+    assert warmup_ratio(final, 1.0, warm) == pytest.approx(final ** (1 / 3))  # 0.1
+    assert warmup_ratio(final, 1.7, warm) == pytest.approx(0.1)  # constant within an epoch
+    assert warmup_ratio(final, 2.0, warm) == pytest.approx(0.01)
+    assert warmup_ratio(final, 3.0, warm) == warmup_ratio(final, 99, warm) == final
+
+
+def test_one_warm_up_epoch_is_dense_then_final():
+    assert warmup_ratio(0.1, 0.5, 1) == 1.0 and warmup_ratio(0.1, 1.0, 1) == 0.1
+
+
+def test_warm_up_ratio_never_rises_and_stays_in_range():
+    ratios = [warmup_ratio(0.05, e / 4, 4) for e in range(0, 30)]
+    assert all(a >= b for a, b in zip(ratios, ratios[1:]))
+    assert all(0.05 <= r <= 1.0 for r in ratios) and ratios[0] == 1.0 and ratios[-1] == 0.05
+    assert all(warmup_ratio(1.0, e / 3, 5) == 1.0 for e in range(30))  # final 1: dense throughout
+
+
+# -- Communication ----------------------------------------------------------------------------------
+
+def test_defaults_are_dense_fp32_in_one_message():
+    c = Communication()
+    assert c.dense_default and not c.sparse and c.fusion_bytes is None and not c.overlap
+    assert c.wire_dtype == "fp32" and c.wire_itemsize == 4 and c.wire_torch_dtype == "float32"
+    assert c.sparse_chunk == DEFAULT_SPARSE_CHUNK and c.residual and c.momentum_correction
+    assert c.describe() == "one message per step, fp32"
+    assert set(c.to_dict()) == set(FIELDS)
+
+
+def test_derived_properties():
+    assert Communication(wire_dtype="fp16").wire_itemsize == 2
+    assert Communication(wire_dtype="bf16").wire_torch_dtype == "bfloat16"
+    c = Communication(sparse_ratio=1)
+    assert c.sparse and c.sparse_ratio == 1.0 and isinstance(c.sparse_ratio, float)
+    assert not Communication(fusion_bytes=0).dense_default
+    assert Communication(fusion_bytes=0).describe() == "one message per tensor, fp32"
+    text = Communication(sparse_ratio=0.1, sparse_chunk=32, warmup_epochs=2, residual=False,
+                         momentum_correction=False, overlap=True).describe()
+    assert text == "one message per step, overlap, fp32, CSC rho=0.1 c=32 warm-up 2 no residual no momentum correction"
+
+
+FUSION = re.escape("fusion_bytes must be an integer >= 0 (bytes; 0 = one message per tensor) "
+                   "or None (one message per step)")
+RATIO = re.escape("sparse_ratio must be a number in (0, 1] (the share of chunks sent) or None (dense)")
+
+
+@pytest.mark.parametrize("options,message", [
+    ({"fusion_bytes": -1}, FUSION + "; got -1"),
+    ({"fusion_bytes": 1.5}, FUSION + "; got 1.5"),
+    ({"fusion_bytes": True}, FUSION + "; got True"),
+    ({"fusion_bytes": "1M"}, FUSION + "; got '1M'"),
+    ({"overlap": 1}, "overlap must be true or false; got 1"),
+    ({"sparse_ratio": 0.1, "residual": "yes"}, "residual must be true or false; got 'yes'"),
+    ({"sparse_ratio": 0.1, "momentum_correction": None}, "momentum_correction must be true or false; got None"),
+    ({"wire_dtype": "fp8"}, "wire_dtype must be one of fp32, fp16, bf16; got 'fp8'"),
+    ({"wire_dtype": "float16"}, "wire_dtype must be one of fp32, fp16, bf16; got 'float16'"),
+    ({"sparse_ratio": 0}, RATIO + "; got 0"),
+    ({"sparse_ratio": -0.1}, RATIO + "; got -0.1"),
+    ({"sparse_ratio": 1.5}, RATIO + "; got 1.5"),
+    ({"sparse_ratio": math.nan}, RATIO + "; got nan"),
+    ({"sparse_ratio": math.inf}, RATIO + "; got inf"),
+    ({"sparse_ratio": True}, RATIO + "; got True"),
+    ({"sparse_ratio": "0.1"}, RATIO + "; got '0.1'"),
+    ({"sparse_ratio": 0.1, "sparse_chunk": 0}, r"sparse_chunk must be an integer >= 1 \(elements\); got 0"),
+    ({"sparse_ratio": 0.1, "sparse_chunk": 2.0}, r"sparse_chunk must be an integer >= 1 \(elements\); got 2.0"),
+    ({"sparse_ratio": 0.1, "sparse_chunk": True}, r"sparse_chunk must be an integer >= 1 \(elements\); got True"),
+    ({"sparse_ratio": 0.1, "warmup_epochs": -1}, "warmup_epochs must be an integer >= 0; got -1"),
+    ({"sparse_ratio": 0.1, "warmup_epochs": 0.5}, "warmup_epochs must be an integer >= 0; got 0.5"),
+])
+def test_bad_options_are_refused_with_a_message_naming_them(options, message):
+    with pytest.raises(CommunicationError, match=f"^{message}$"):
+        Communication(**options)
+
+
+@pytest.mark.parametrize("name,value", [("warmup_epochs", 1), ("residual", False), ("momentum_correction", False),
+                                        ("sparse_chunk", DEFAULT_SPARSE_CHUNK + 1)])
+def test_csc_options_need_a_sparse_ratio(name, value):
+    with pytest.raises(CommunicationError, match=rf"^{name} is an option of coarse-grained sparse communication; "
+                                                 r"set sparse_ratio \(in \(0, 1\]\) to use it$"):
+        Communication(**{name: value})
+    assert getattr(Communication(sparse_ratio=0.5, **{name: value}), name) == value
+
+
+def test_communication_error_is_a_value_error():
+    assert issubclass(CommunicationError, ValueError)
+
+
+def test_presets_are_valid_and_resolve_to_copies():
+    for name, options in PRESETS.items():
+        Communication(**resolve(name))
+        assert resolve(name) == options and resolve(name) is not options
+    assert resolve(None) == {} and resolve({"overlap": True}) == {"overlap": True}
+    with pytest.raises(CommunicationError, match="communication must be one of dense, .* got 'nope'"):
+        resolve("nope")
+    with pytest.raises(CommunicationError, match=r"unknown option\(s\) \['x'\]"):
+        resolve({"x": 1, "overlap": True})
+    with pytest.raises(CommunicationError, match="got int"):
+        resolve(3)
+
+
+def test_the_hook_registry_names_each_strategy():
+    from workbench.comm.strategies import HOOKS, allreduce_hook, csc_hook, hook_name
+    assert HOOKS == {"allreduce": allreduce_hook, "csc": csc_hook}
+    assert hook_name(Communication()) == "allreduce" and hook_name(Communication(wire_dtype="fp16")) == "allreduce"
+    assert hook_name(Communication(sparse_ratio=0.1)) == "csc"
