@@ -20,7 +20,7 @@ ROOT = Path(workbench.__file__).parent
 #: packages and modules that must never import mpi4py or torch (the planner joins when it lands)
 PURE = ["workbench.schedules", "workbench.network", "workbench.netsim", "workbench.config", "workbench.results",
         "workbench.store", "workbench.summary", "workbench.telemetry", "workbench.checks", "workbench.sizes",
-        "workbench.comm.names", "workbench.comm.options", "workbench.comm.buckets",
+        "workbench.comm.names", "workbench.comm.options", "workbench.comm.buckets", "workbench.netsim.predict",
         "workbench.runtime.rundir", "workbench.runtime.stream", "workbench.collectives"]
 
 #: lazily loaded names, touched after the import so their modules load too

@@ -1,0 +1,259 @@
+"""The scale-out predictor (GradientFlow's question): closed forms against the simulator, the
+iteration model's invariants, AlexNet's scaling shape, the EASGD shares and `workbench predict`."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workbench import schedules
+from workbench.cli import main
+from workbench.comm.buckets import bucket_bounds
+from workbench.netsim.costs import CLOSED_FORMS, AlphaBeta, CostError, Simulated, closed_form_seconds, wire_bytes
+from workbench.netsim.predict import (COLUMNS, PredictError, communication, compare, easgd_shares, predict,
+                                      scaling)
+from workbench.netsim.profile import (LayerProfile, ProfileError, alexnet_profile, layer_flops, profile_from_table,
+                                      profile_table)
+from workbench.netsim.simulator import simulate
+from workbench.network import topology
+
+#: GradientFlow's full stack as predicted here: Horovod's 64 MB fusion, overlap, fp16, CSC 1%
+FULL_STACK = dict(fusion_bytes=64 << 20, overlap=True, wire_dtype="fp16", sparse_ratio=0.01)
+DENSE = dict(fusion_bytes=0)   # dense fp32, one all-reduce per tensor, after backward
+
+
+def toy(layers: int = 4, params: int = 1 << 16) -> list[LayerProfile]:
+    """Equal layers: ``params`` elements (weight + a 64-element bias), 1 ms forward, 2 ms backward."""
+    return [LayerProfile(f"l{i}", params, 1e-3, 2e-3, (params - 64, 64)) for i in range(layers)]
+
+
+@pytest.mark.parametrize("collective", CLOSED_FORMS)
+def test_closed_forms_equal_the_simulator_at_small_n(collective):
+    for n in range(1, 10):
+        topo = topology.fully_connected(n)
+        for nbytes in (4, 4096, 3 << 20):
+            simulated = simulate(schedules.ALGORITHMS[collective](n), topo, nbytes, 7e9, 5e-6).seconds
+            assert closed_form_seconds(collective, n, nbytes, 7e9, 5e-6) == pytest.approx(simulated, rel=1e-9, abs=1e-15)
+
+
+def test_wire_bytes_are_what_the_schedules_send():
+    for collective in schedules.ALGORITHMS:
+        for n in (1, 2, 3, 5, 8):
+            s = schedules.ALGORITHMS[collective](n)
+            sent = sum(len(step) for step in s.steps) * (1 << 20) / s.nchunks / n
+            assert wire_bytes(collective, n, 1 << 20) == pytest.approx(sent), (collective, n)
+
+
+def test_the_simulated_network_predicts_what_the_closed_form_does():
+    profile = toy()
+    for options in (DENSE, FULL_STACK):
+        exact = predict(profile, 6, AlphaBeta(), **options)
+        simulated = predict(profile, 6, Simulated(), **options)
+        assert simulated.step_s == pytest.approx(exact.step_s, rel=1e-9)
+        assert simulated.wire_bytes == pytest.approx(exact.wire_bytes)
+
+
+def test_one_rank_has_no_communication():
+    for options in (DENSE, FULL_STACK, {}):
+        p = predict(alexnet_profile(), 1, **options)
+        assert (p.comm_s, p.exposed_comm_s, p.comm_share, p.wire_bytes, p.messages) == (0, 0, 0, 0, 0)
+        assert p.step_s == p.compute_s and p.speedup == 1.0 and p.efficiency == 1.0
+
+
+def test_more_fusion_never_adds_messages():
+    thresholds = [0, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20, 1 << 30, None]
+    for profile in (toy(), alexnet_profile()):
+        for extra in ({}, {"wire_dtype": "fp16"}, {"sparse_ratio": 0.01}):
+            counts = [predict(profile, 16, fusion_bytes=f, **extra).messages for f in thresholds]
+            assert counts == sorted(counts, reverse=True), (extra, counts)
+
+
+def test_overlap_never_makes_a_step_longer():
+    for profile in (toy(), alexnet_profile()):
+        for n in (2, 16, 512):
+            for fusion in (0, 1 << 20, 64 << 20, None):
+                for extra in ({}, {"wire_dtype": "fp16", "sparse_ratio": 0.05}):
+                    off = predict(profile, n, fusion_bytes=fusion, overlap=False, **extra)
+                    on = predict(profile, n, fusion_bytes=fusion, overlap=True, **extra)
+                    assert on.step_s <= off.step_s + 1e-15 and on.wire_bytes == off.wire_bytes
+
+
+def test_the_timeline_keeps_one_message_at_a_time_after_its_gradients():
+    profile = alexnet_profile()
+    p = predict(profile, 64, fusion_bytes=1 << 20, overlap=True, wire_dtype="fp16", sparse_ratio=0.1)
+    forward = sum(l.forward_s for l in profile)
+    for before, after in zip(p.timeline, p.timeline[1:]):
+        assert after.start >= before.end - 1e-15
+    assert p.timeline[0].start > forward            # the first bucket waits for fc8's backward
+    assert p.timeline[-1].what == "decision"
+    assert [m.what for m in p.timeline[:2]] == ["norms", "chunks"]
+
+
+def test_fp16_halves_the_payload_exactly_plus_the_decision():
+    for n in (2, 3, 16, 512):
+        for fusion in (None, 0, 1 << 20):
+            fp32 = predict(alexnet_profile(), n, fusion_bytes=fusion)
+            for dtype in ("fp16", "bf16"):
+                half = predict(alexnet_profile(), n, fusion_bytes=fusion, wire_dtype=dtype)
+                decision = round(2 * (n - 1) / n * 4)   # one float, counted as MPI's native all-reduce
+                assert half.wire_bytes == pytest.approx(fp32.wire_bytes / 2 + decision, rel=1e-12)
+                assert half.messages == fp32.messages + 1
+
+
+def test_csc_sends_norms_then_the_selected_chunks():
+    """PAPERS.md's traffic formula, exact when rho K is whole: 2(N-1)/N (rho P b + 4 K)."""
+    c, chunks, rho = 64, 256, 0.25
+    P = c * chunks
+    profile = [LayerProfile("only", P, 1e-3, 2e-3)]
+    for n in (2, 8, 100):
+        for dtype, b in (("fp32", 4), ("fp16", 2)):
+            p = predict(profile, n, sparse_ratio=rho, sparse_chunk=c, wire_dtype=dtype)
+            decision = 0 if dtype == "fp32" else round(2 * (n - 1) / n * 4)
+            assert p.wire_bytes == pytest.approx(2 * (n - 1) / n * (rho * P * b + 4 * chunks) + decision)
+            assert p.messages == 2 + (dtype != "fp32")
+    # ratio 1 (or one chunk): dense, no norms
+    dense = predict(profile, 8, sparse_ratio=1.0, sparse_chunk=c)
+    assert dense.messages == 1 and dense.wire_bytes == pytest.approx(2 * 7 / 8 * 4 * P)
+
+
+def test_buckets_are_the_runtimes():
+    profile = alexnet_profile()
+    sizes = [t for layer in profile for t in layer.tensor_sizes]
+    assert len(sizes) == 16
+    assert predict(profile, 4, fusion_bytes=0).buckets == 16 == predict(profile, 4, fusion_bytes=0).messages
+    assert predict(profile, 4).buckets == 1
+    bounds, offset = [], 0
+    for size in sizes:
+        bounds.append((offset, offset + size))
+        offset += size
+    cut = bucket_bounds(bounds, 64 << 20)
+    assert [b[2] for b in cut] == [(15, 14, 13, 12), (11, 10), tuple(range(9, -1, -1))]
+    assert predict(profile, 4, fusion_bytes=64 << 20).buckets == 3
+
+
+def test_alexnet_profile_is_torchvisions():
+    profile = alexnet_profile()
+    assert [l.name for l in profile] == ["conv1", "conv2", "conv3", "conv4", "conv5", "fc6", "fc7", "fc8"]
+    assert sum(l.parameters for l in profile) == 61_100_840
+    assert profile[5].tensors == (9216 * 4096, 4096)
+    macs = sum(flops for _, _, flops in layer_flops()) / 2
+    assert macs == pytest.approx(714e6, rel=0.01)           # torchvision's 0.71 GFLOPS (multiply-adds)
+    images_per_s = 128 / sum(l.forward_s + l.backward_s for l in profile)
+    assert images_per_s == pytest.approx(3.3e3, rel=0.05)   # GradientFlow's implied single-GPU rate
+    slow = alexnet_profile(gpu_flops=11.76e12, efficiency=0.5, batch=64)
+    assert slow[0].forward_s == pytest.approx(profile[0].forward_s * (64 / 128) * (125e12 * 0.11) / (11.76e12 * 0.5))
+
+
+def test_alexnet_scaling_shape():
+    """Dense per-tensor fp32 is far below linear at 64 ranks; the full stack scales to 512."""
+    profile = alexnet_profile()
+    ranks = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]
+    table = compare(profile, ranks, {"dense per-tensor fp32": DENSE, "full stack": FULL_STACK})
+    print("\n" + table.to_string(float_format=lambda v: f"{v:.3f}"))
+    dense = table["dense per-tensor fp32"]
+    full = table["full stack"]
+    assert dense.loc[64, "speedup"] < 64 / 2                 # less than half of linear
+    assert full.loc[512, "efficiency"] > 0.6
+    assert (full["speedup"] >= dense["speedup"]).all()
+    assert full.loc[512, "speedup"] > 5 * dense.loc[64, "speedup"]
+
+
+def test_scaling_table_and_errors():
+    frame = scaling(toy(), [1, 2, 4], fusion_bytes=0)
+    assert list(frame.columns) == list(COLUMNS) and frame["ranks"].tolist() == [1, 2, 4]
+    assert frame["efficiency"].tolist() == pytest.approx((frame["speedup"] / frame["ranks"]).tolist())
+    with pytest.raises(PredictError, match="ranks must be an integer >= 1; got 0"):
+        predict(toy(), 0)
+    with pytest.raises(PredictError, match="algorithm must be one of sync-sgd, sync-easgd, easgd"):
+        predict(toy(), 2, algorithm="adam")
+    with pytest.raises(PredictError, match="sync-easgd exchanges weights"):
+        predict(toy(), 2, algorithm="sync-easgd", wire_dtype="fp16")
+    with pytest.raises(PredictError, match="ranks must be >= 2 for easgd"):
+        predict(toy(), 1, algorithm="easgd")
+    with pytest.raises(ValueError, match="sparse_ratio must be a number in"):
+        predict(toy(), 2, sparse_ratio=2)
+    with pytest.raises(CostError, match="collective must be one of ring"):
+        predict(toy(), 2, collective="double_binary_tree")   # no closed form: use Simulated
+    assert predict(toy(), 4, Simulated(), collective="double_binary_tree").step_s > 0
+    assert communication("gradientflow", fusion_bytes=0).fusion_bytes == 0
+
+
+def test_easgd_shares_round_robin_against_sync():
+    """The SC'17 claim's direction: the round-robin master's share is large and grows with the
+    ranks; Sync EASGD's all-reduce, overlapped with the gradient, is much smaller."""
+    frame = easgd_shares(alexnet_profile(), (4, 16))
+    print("\n" + frame.to_string(float_format=lambda v: f"{v:.3f}"))
+    share = frame.set_index(["algorithm", "overlap", "ranks"])["comm_share"]
+    for n in (4, 16):
+        assert share[("easgd", False, n)] > share[("sync-easgd", False, n)] > share[("sync-easgd", True, n)]
+    assert share[("easgd", False, 16)] > share[("easgd", False, 4)] > 0.5
+    # the round-robin formula itself: N-1 exchanges of 2 (alpha + M/B) per round
+    profile, net = toy(), AlphaBeta(1e9, 1e-5)
+    local = sum(l.forward_s + l.backward_s for l in profile)
+    exchange = 2 * (1e-5 + sum(l.parameters for l in profile) * 4 / 1e9)
+    for n, tau in ((2, 1), (8, 1), (8, 4)):
+        p = predict(profile, n, net, algorithm="easgd", tau=tau)
+        assert p.step_s == pytest.approx(max((n - 1) * exchange, exchange + tau * local) / tau)
+    # Sync EASGD with tau: the exchange every tau steps
+    one, four = (predict(alexnet_profile(), 16, algorithm="sync-easgd", overlap=True, tau=t) for t in (1, 4))
+    assert four.wire_bytes == pytest.approx(one.wire_bytes / 4) and four.comm_share < one.comm_share
+
+
+def test_profiles_from_tables(tmp_path):
+    table = profile_table(alexnet_profile())
+    path = tmp_path / "alexnet.csv"
+    table.to_csv(path, index=False)
+    again = profile_from_table(path)
+    assert [(l.name, l.parameters, l.tensors) for l in again] == [(l.name, l.parameters, l.tensors)
+                                                                  for l in alexnet_profile()]
+    rows = [{"name": "a", "parameters": 10, "forward_s": 0.1, "backward_s": 0.2}]
+    assert profile_from_table(rows)[0].tensor_sizes == (10,)
+    with pytest.raises(ProfileError, match=r"lacks the column\(s\) \['backward_s'\]"):
+        profile_from_table([{"name": "a", "parameters": 1, "forward_s": 0.1}])
+    with pytest.raises(ProfileError, match="must be positive sizes adding up to parameters=10"):
+        LayerProfile("a", 10, 0.1, 0.2, (3, 3))
+    with pytest.raises(ProfileError, match="no file at"):
+        profile_from_table(tmp_path / "missing.csv")
+
+
+def test_cli_writes_the_documented_json(tmp_path, capsys):
+    from workbench.cli.predict import JSON_KEYS
+    out = tmp_path / "sub" / "predict.json"
+    code = main(["predict", "--model", "alexnet", "--ranks", "1,64,512", "--fusion-bytes", "64M", "--overlap",
+                 "--wire-dtype", "fp16", "--sparse-ratio", "0.01", "--json", str(out)])
+    assert code == 0
+    assert "efficiency" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert tuple(report) == JSON_KEYS
+    assert [r["ranks"] for r in report["rows"]] == [1, 64, 512]
+    assert set(report["rows"][0]) == set(COLUMNS)
+    expected = predict(alexnet_profile(), 512, **FULL_STACK)
+    assert report["rows"][2]["step_s"] == pytest.approx(expected.step_s)
+    assert report["network"] == {"model": "closed form", "collective": "ring", "bandwidth_Bps": 7e9, "latency_s": 5e-6}
+    assert report["options"]["sparse_ratio"] == 0.01 and report["profile"]["parameters"] == 61_100_840
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--ranks", "0"], "argument --ranks: must be a comma-separated list of integers >= 1"),
+    (["--ranks", "1,x"], "argument --ranks: must be a comma-separated list of integers >= 1"),
+    (["--fusion-bytes", "lots"], "argument --fusion-bytes: must be 0 (one message per tensor)"),
+    (["--wire-dtype", "fp8"], "argument --wire-dtype: invalid choice: 'fp8'"),
+])
+def test_cli_refuses_bad_options(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["predict", *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert message in err[-1] and len([line for line in err if "error" in line]) == 1
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--tau", "0"], "tau must be an integer >= 1"),
+    (["--sparse-ratio", "1.5"], "sparse_ratio must be a number in (0, 1]"),
+    (["--batch", "0"], "batch must be an integer >= 1"),
+    (["--collective", "double_binary_tree"], "collective must be one of ring"),
+])
+def test_cli_refuses_bad_values_in_one_line(argv, message, capsys):
+    assert main(["predict", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("workbench predict: error: ") and message in err

@@ -1,0 +1,221 @@
+"""What one all-reduce of ``n`` bytes on ``N`` ranks costs, in seconds: the network side of the
+scale-out predictor (:mod:`workbench.netsim.predict`).
+
+Two models with one interface (``allreduce(nbytes, nranks) -> seconds``, ``point_to_point(nbytes)
+-> seconds``, ``wire_bytes(nbytes, nranks) -> bytes one rank sends``, ``with_collective(name)``):
+
+- :class:`AlphaBeta` (default): the closed-form alpha-beta cost of the schedules of
+  :data:`~workbench.schedules.ALGORITHMS` on a non-blocking network (every rank its own full-speed
+  link, one hop per transfer). It is exactly what the lock-step simulator gives for them on
+  ``fully_connected(N)`` (``tests/test_predict.py`` checks it), and costs nothing at 512 ranks:
+
+  ============================  =========================================================
+  ring                          ``2(N-1) (alpha + n/(N B))``
+  halving_doubling              ``2 log2(p) alpha + 2 (p-1)/p n/B`` (+ ``2 (alpha + n/B)`` to
+                                fold in and out the ``N - p`` ranks above the power of two p)
+  recursive_doubling            ``log2(p) (alpha + n/B)`` (+ the same fold)
+  binary_tree                   ``(8 + 2D - 1)(alpha + n/(8B))``, D = floor(log2 N), 8 chunks
+  linear                        ``2(N-1)(alpha + n/B)``
+  ============================  =========================================================
+
+  ``B`` is ``bandwidth`` (bytes/s per link), ``alpha`` is ``latency`` (seconds per step; one hop).
+  :meth:`AlphaBeta.from_calibration` takes both from a fit of this machine's measurements.
+- :class:`Simulated`: the topology simulator itself (any schedule, any topology, lock-step or
+  flow model), cached per ``(N, n)``. Exact where the closed form has none (double binary tree)
+  or the network is not a crossbar, but slow at hundreds of ranks (seconds per size at 512).
+
+Pure Python: no torch, no MPI.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from .. import schedules
+
+#: GradientFlow's network: 56 Gbit/s per link, in bytes/s
+GRADIENTFLOW_BANDWIDTH = 56e9 / 8
+#: seconds per all-reduce step (one hop): an InfiniBand round of a few microseconds (wire about
+#: 1 us, plus MPI and GPU-copy overheads); the model's one free network parameter, so tables
+#: should sweep it
+DEFAULT_LATENCY = 5e-6
+#: the closed forms :class:`AlphaBeta` knows
+CLOSED_FORMS = ("ring", "halving_doubling", "recursive_doubling", "binary_tree", "linear")
+#: the pipeline chunks of the tree schedules (their generators' default)
+TREE_CHUNKS = 8
+
+
+class CostError(ValueError):
+    """A network model or all-reduce it cannot cost; the message names the parameter."""
+
+
+def _check_collective(collective: str, allowed) -> None:
+    if collective not in allowed:
+        raise CostError(f"collective must be one of {', '.join(allowed)}; got {collective!r}")
+
+
+def _check_size(nbytes: float, nranks: int) -> None:
+    if not isinstance(nranks, int) or isinstance(nranks, bool) or nranks < 1:
+        raise CostError(f"nranks must be an integer >= 1; got {nranks!r}")
+    if not isinstance(nbytes, (int, float)) or not nbytes >= 0:
+        raise CostError(f"nbytes must be a number >= 0 (bytes); got {nbytes!r}")
+
+
+def _power_of_two_below(n: int) -> int:
+    return 1 << (n.bit_length() - 1)
+
+
+def closed_form_seconds(collective: str, nranks: int, nbytes: float, bandwidth: float, latency: float) -> float:
+    """Seconds to all-reduce ``nbytes`` bytes on ``nranks`` ranks with ``collective`` (one of
+    :data:`CLOSED_FORMS`), ``bandwidth`` bytes/s per link and ``latency`` seconds per step."""
+    _check_collective(collective, CLOSED_FORMS)
+    _check_size(nbytes, nranks)
+    n, size, beta = nranks, float(nbytes), 1.0 / bandwidth
+    if n == 1:
+        return 0.0
+    p = _power_of_two_below(n)
+    fold = 2 * (latency + size * beta) if n > p else 0.0
+    if collective == "ring":
+        return 2 * (n - 1) * (latency + size / n * beta)
+    if collective == "halving_doubling":
+        return 2 * math.log2(p) * latency + 2 * (p - 1) / p * size * beta + fold
+    if collective == "recursive_doubling":
+        return math.log2(p) * (latency + size * beta) + fold
+    if collective == "binary_tree":
+        depth = n.bit_length() - 1   # the heap's depth: that of its last rank, floor(log2 N)
+        return (TREE_CHUNKS + 2 * depth - 1) * (latency + size / TREE_CHUNKS * beta)
+    return 2 * (n - 1) * (latency + size * beta)   # linear
+
+
+def wire_bytes(collective: str, nranks: int, nbytes: float) -> float:
+    """Bytes one rank sends to all-reduce ``nbytes`` bytes, averaged over the ranks: ``2(N-1)/N n``
+    for every schedule but recursive doubling (whole buffers: ``log2(p) n`` per rank of the power
+    of two ``p``, plus the fold)."""
+    _check_collective(collective, tuple(schedules.ALGORITHMS))
+    _check_size(nbytes, nranks)
+    n = nranks
+    if n == 1:
+        return 0.0
+    if collective == "recursive_doubling":
+        p = _power_of_two_below(n)
+        return (p * math.log2(p) + 2 * (n - p)) * nbytes / n
+    return 2 * (n - 1) / n * nbytes
+
+
+def _check_link(bandwidth, latency) -> None:
+    if not isinstance(bandwidth, (int, float)) or isinstance(bandwidth, bool) or not 0 < bandwidth < math.inf:
+        raise CostError(f"bandwidth must be a number > 0 (bytes/s per link); got {bandwidth!r}")
+    if not isinstance(latency, (int, float)) or isinstance(latency, bool) or not 0 <= latency < math.inf:
+        raise CostError(f"latency must be a number >= 0 (seconds per step); got {latency!r}")
+
+
+@dataclass(frozen=True)
+class AlphaBeta:
+    """Closed-form costs (see the module's table): ``bandwidth`` bytes/s per link (default
+    56 Gbit/s, GradientFlow's), ``latency`` seconds per step, ``collective`` a name of
+    :data:`CLOSED_FORMS`."""
+
+    bandwidth: float = GRADIENTFLOW_BANDWIDTH
+    latency: float = DEFAULT_LATENCY
+    collective: str = "ring"
+
+    def __post_init__(self) -> None:
+        _check_link(self.bandwidth, self.latency)
+        if self.collective not in CLOSED_FORMS:
+            raise CostError(f"collective must be one of {', '.join(CLOSED_FORMS)} for the closed-form model "
+                            f"(use Simulated for the others); got {self.collective!r}")
+
+    @classmethod
+    def from_calibration(cls, calibration, collective: str = "ring") -> "AlphaBeta":
+        """Links like the ones a :class:`~workbench.netsim.calibration.Calibration` measured
+        (its per-hop latency and bandwidth), every rank with its own."""
+        return cls(calibration.link_bandwidth, calibration.link_latency, collective)
+
+    def allreduce(self, nbytes: float, nranks: int) -> float:
+        return closed_form_seconds(self.collective, nranks, nbytes, self.bandwidth, self.latency)
+
+    def point_to_point(self, nbytes: float) -> float:
+        """One message over one link: ``latency + nbytes / bandwidth`` seconds."""
+        return self.latency + nbytes / self.bandwidth
+
+    def wire_bytes(self, nbytes: float, nranks: int) -> float:
+        return wire_bytes(self.collective, nranks, nbytes)
+
+    def with_collective(self, collective: str) -> "AlphaBeta":
+        return replace(self, collective=collective)
+
+    def describe(self) -> str:
+        return (f"{self.collective}, closed form: {self.bandwidth * 8 / 1e9:.4g} Gbit/s per link, "
+                f"{self.latency * 1e6:.4g} us per step")
+
+
+@dataclass(frozen=True)
+class Simulated:
+    """The simulator (:func:`~workbench.netsim.simulator.simulate`) as the network model.
+
+    ``topology``: a spelling for :func:`~workbench.network.topology.parse` with ``{n}`` for the
+    rank count (default ``fully_connected:{n}``; e.g. ``fat_tree:{n}x8``) or a function
+    ``n -> Topology``; ``mode``: ``lockstep`` or ``flow``. Results are cached per ``(N, n)``.
+    """
+
+    bandwidth: float = GRADIENTFLOW_BANDWIDTH
+    latency: float = DEFAULT_LATENCY
+    collective: str = "ring"
+    topology: str | Callable = "fully_connected:{n}"
+    mode: str = "lockstep"
+    _cache: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _check_link(self.bandwidth, self.latency)
+        _check_collective(self.collective, tuple(schedules.ALGORITHMS))
+
+    def network(self, nranks: int):
+        from ..network.topology import parse
+        key = ("topology", nranks)
+        if key not in self._cache:
+            topo = self.topology
+            self._cache[key] = topo(nranks) if callable(topo) else parse(topo.format(n=nranks))
+        return self._cache[key]
+
+    def allreduce(self, nbytes: float, nranks: int) -> float:
+        from .simulator import simulate
+        _check_size(nbytes, nranks)
+        if nranks == 1:
+            return 0.0
+        key = (self.collective, nranks, float(nbytes))
+        if key not in self._cache:
+            schedule = schedules.ALGORITHMS[self.collective](nranks)
+            self._cache[key] = simulate(schedule, self.network(nranks), nbytes, self.bandwidth, self.latency,
+                                        mode=self.mode).seconds
+        return self._cache[key]
+
+    def point_to_point(self, nbytes: float) -> float:
+        return self.latency + nbytes / self.bandwidth
+
+    def wire_bytes(self, nbytes: float, nranks: int) -> float:
+        return wire_bytes(self.collective, nranks, nbytes)
+
+    def with_collective(self, collective: str) -> "Simulated":
+        # the copy shares the cache: its keys carry the collective
+        copy = replace(self, collective=collective)
+        object.__setattr__(copy, "_cache", self._cache)
+        return copy
+
+    def describe(self) -> str:
+        topo = self.topology if isinstance(self.topology, str) else getattr(self.topology, "__name__", "topology")
+        return (f"{self.collective}, simulated ({self.mode}) on {topo}: {self.bandwidth * 8 / 1e9:.4g} Gbit/s "
+                f"per link, {self.latency * 1e6:.4g} us per hop")
+
+
+def network_model(network=None, collective: str | None = None):
+    """The model ``predict`` uses: ``None`` (:class:`AlphaBeta` defaults), a model, or a
+    :class:`~workbench.netsim.calibration.Calibration` (:meth:`AlphaBeta.from_calibration`);
+    ``collective`` (if given) replaces the model's own."""
+    if network is None:
+        network = AlphaBeta()
+    elif not hasattr(network, "allreduce") and hasattr(network, "link_bandwidth"):
+        network = AlphaBeta.from_calibration(network)
+    elif not all(hasattr(network, name) for name in ("allreduce", "point_to_point", "wire_bytes", "with_collective")):
+        raise CostError(f"network must be an AlphaBeta, a Simulated or a Calibration; got {type(network).__name__}")
+    return network if collective is None else network.with_collective(collective)

@@ -1,0 +1,282 @@
+"""Scale-out predictor: step time, communication share and scaling of data-parallel training on
+N ranks, from a per-layer model profile and a network model (GradientFlow's question: why do
+popular systems reach 2.5x on 64 GPUs, and what does each strategy buy at 512?).
+
+    from workbench.netsim.predict import predict, scaling, easgd_shares
+    from workbench.netsim.profile import alexnet_profile
+    p = alexnet_profile()                                  # 61.1M parameters, 128 images per GPU
+    predict(p, 64, fusion_bytes=0)                         # dense fp32, one all-reduce per tensor
+    scaling(p, [1, 8, 64, 512], options="gradientflow")    # a DataFrame, one row per rank count
+
+**The iteration model** (``sync-sgd``) applies the strategies the way the runtime
+(:mod:`workbench.comm.strategies`) does. Forward runs the layers in order, backward in reverse;
+a layer's gradients are ready when its backward ends. Buckets are cut by the runtime's own
+:func:`~workbench.comm.buckets.bucket_bounds` (backward order, closed at ``>= fusion_bytes``
+float32 bytes; ``0``: one per tensor, ``None``: one per step). One message is on the network at a
+time (MPI progress serialises them): with ``overlap`` bucket k's all-reduce starts at max(its last
+gradient ready, the previous message's end); without, after backward. A bucket sends
+``elements x wire itemsize`` bytes (fp16/bf16: 2); with CSC (``sparse_ratio``) first its ``K =
+ceil(elements / sparse_chunk)`` float32 chunk norms, then ``ceil(ratio K) x sparse_chunk``
+selected elements in the wire dtype (dense when that is every chunk; the short last chunk is
+assumed unselected). fp16/bf16 add one float all-reduced after every bucket (the overflow
+decision; MPI's native all-reduce, timed as recursive doubling, counted as the runtime counts it:
+``round(2(N-1)/N x 4)`` bytes). The step ends at max(backward end, last message end) + that
+decision + ``update_s``. CSC is predicted after its warm-up (the steady ratio).
+
+**The EASGD family.** ``sync-easgd``: every ``tau`` steps one all-reduce of all weights (float32,
+in fusion buckets) overlapped with that step's forward + backward (``overlap``; else before
+them). ``easgd`` (the original, round-robin master): rank 0 holds the center; each of the N-1
+workers in turn sends its weights and receives the center over one link (``2 (latency + M / B)
++ apply_s``, M = model bytes), computing nothing meanwhile; the master serves one at a time, so
+a round of N-1 exchanges takes ``P = max((N-1) E, E + tau t)`` (``t``: a local step) and a worker
+spends ``P - tau t`` of it exchanging or waiting.
+
+**Outputs** (:class:`Prediction`, per rank count): ``step_s``, ``compute_s`` (forward + backward +
+update), ``comm_s`` (network busy time per step), ``exposed_comm_s`` (step - compute),
+``comm_share`` (exposed / step), ``wire_bytes`` and ``messages`` (what one rank sends per step),
+``speedup`` (weak scaling at a fixed per-rank batch: ``N t1 / tN``, N-1 workers for ``easgd``) and
+``efficiency`` (speedup / N). Network models: :mod:`workbench.netsim.costs`.
+
+Pure Python (pandas for tables): no torch, no MPI.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Sequence
+
+import pandas as pd
+
+from ..comm.buckets import bucket_bounds
+from ..comm.options import Communication, resolve
+from .costs import network_model
+from .profile import LayerProfile, check_profile
+
+#: the training algorithms the predictor models
+ALGORITHMS = ("sync-sgd", "sync-easgd", "easgd")
+#: how MPI's native all-reduce moves one float (the fp16/bf16 overflow decision): MPICH uses
+#: recursive doubling for small messages
+DECISION_COLLECTIVE = "recursive_doubling"
+#: the keys of :meth:`Prediction.to_dict` (and of the CLI's JSON rows)
+COLUMNS = ("algorithm", "ranks", "step_s", "compute_s", "comm_s", "exposed_comm_s", "comm_share", "wire_bytes",
+           "messages", "buckets", "speedup", "efficiency")
+
+
+class PredictError(ValueError):
+    """Arguments the predictor cannot take; the message names the parameter and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """One all-reduce (or point-to-point exchange) of a step: ``what`` (gradients, norms, chunks,
+    decision, weights, exchange), its bucket, bytes in the message, bytes this rank sends, and
+    its start and end (seconds from the step's start)."""
+
+    what: str
+    bucket: int
+    nbytes: float
+    sent: float
+    start: float
+    end: float
+
+
+@dataclass
+class Prediction:
+    """One rank count's prediction (see the module's text for each field); ``timeline``: the
+    messages of one (communicating) step."""
+
+    algorithm: str
+    ranks: int
+    step_s: float
+    compute_s: float
+    comm_s: float
+    exposed_comm_s: float
+    comm_share: float
+    wire_bytes: float
+    messages: float
+    buckets: int
+    speedup: float
+    efficiency: float
+    timeline: list[Message] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields of :data:`COLUMNS` (no timeline)."""
+        return {key: value for key, value in asdict(self).items() if key in COLUMNS}
+
+
+def communication(options: Communication | str | dict | None = None, **fields) -> Communication:
+    """The options as a :class:`~workbench.comm.options.Communication`: one, a preset name
+    (``"gradientflow"``), a dict of its fields, or None (dense fp32, one message per step), with
+    ``fields`` (``fusion_bytes=0``, ...) on top."""
+    base = options.to_dict() if isinstance(options, Communication) else resolve(options)
+    base.update(fields)
+    return Communication(**base)
+
+
+def _layout(layers: Sequence[LayerProfile]) -> tuple[list[tuple[int, int]], list[int]]:
+    """The flat pool's tensor bounds (registration order) and each tensor's layer."""
+    bounds, owner, offset = [], [], 0
+    for i, layer in enumerate(layers):
+        for size in layer.tensor_sizes:
+            bounds.append((offset, offset + size))
+            owner.append(i)
+            offset += size
+    return bounds, owner
+
+
+def _bucket_messages(elements: int, opts: Communication) -> list[tuple[str, int]]:
+    """``(what, bytes)`` of the all-reduces one bucket sends, in order (csc_hook's arithmetic)."""
+    item = opts.wire_itemsize
+    if not opts.sparse:
+        return [("gradients", elements * item)]
+    c = opts.sparse_chunk
+    chunks = -(-elements // c)
+    ratio = opts.sparse_ratio
+    keep = chunks if ratio >= 1.0 else min(chunks, math.ceil(ratio * chunks))
+    if keep == chunks:
+        return [("gradients", elements * item)]
+    return [("norms", chunks * 4), ("chunks", keep * c * item)]
+
+
+def _check(ranks, algorithm: str, tau, update_s, apply_s) -> None:
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
+        raise PredictError(f"ranks must be an integer >= 1; got {ranks!r}")
+    if algorithm not in ALGORITHMS:
+        raise PredictError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
+    if algorithm == "easgd" and ranks < 2:
+        raise PredictError(f"ranks must be >= 2 for easgd (rank 0 is the master); got {ranks}")
+    if not isinstance(tau, int) or isinstance(tau, bool) or tau < 1:
+        raise PredictError(f"tau must be an integer >= 1 (steps between exchanges); got {tau!r}")
+    for name, value in (("update_s", update_s), ("apply_s", apply_s)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf:
+            raise PredictError(f"{name} must be a number of seconds >= 0; got {value!r}")
+
+
+def predict(profile: Sequence[LayerProfile], ranks: int, network=None, options=None, collective: str | None = None,
+            algorithm: str = "sync-sgd", tau: int = 1, update_s: float = 0.0, apply_s: float = 0.0,
+            **fields) -> Prediction:
+    """Predict one step of ``algorithm`` on ``ranks`` ranks.
+
+    ``network``: a model of :mod:`~workbench.netsim.costs` (default :class:`~workbench.netsim.costs.
+    AlphaBeta`: ring, 56 Gbit/s, 5 us per step) or a ``Calibration``; ``collective`` replaces its
+    schedule. ``options`` and ``fields``: the gradient-communication options (:func:`communication`).
+    ``tau``: steps between EASGD exchanges; ``update_s``: seconds of the optimizer update per step;
+    ``apply_s``: seconds the EASGD master spends applying one worker's weights.
+    """
+    layers = check_profile(profile)
+    _check(ranks, algorithm, tau, update_s, apply_s)
+    opts = communication(options, **fields)
+    if algorithm != "sync-sgd" and (opts.sparse or opts.wire_dtype != "fp32"):
+        raise PredictError(f"{algorithm} exchanges weights, not gradients: wire_dtype and sparse_ratio do not "
+                           f"apply (leave them fp32 / None; they are sync-sgd's)")
+    if algorithm == "easgd" and opts.fusion_bytes is not None:
+        raise PredictError("easgd sends its weights as one message: fusion_bytes does not apply (leave it None)")
+    net = network_model(network, collective)
+    forward = sum(l.forward_s for l in layers)
+    backward = sum(l.backward_s for l in layers)
+    local = forward + backward + update_s
+    if algorithm == "easgd":
+        return _easgd(layers, ranks, net, tau, local, apply_s)
+    bounds, owner = _layout(layers)
+    buckets = bucket_bounds(bounds, opts.fusion_bytes)
+    if algorithm == "sync-easgd":
+        return _sync_easgd(buckets, ranks, net, opts, tau, forward + backward, update_s)
+    ready_at, t = [0.0] * len(layers), forward
+    for i in reversed(range(len(layers))):
+        t += layers[i].backward_s
+        ready_at[i] = t
+    timeline: list[Message] = []
+    free = 0.0   # when the network is next free
+    if ranks > 1:
+        for k, (start, stop, params) in enumerate(buckets):
+            begin = max(ready_at[owner[p]] for p in params) if opts.overlap else forward + backward
+            begin = max(begin, free)
+            for what, nbytes in _bucket_messages(stop - start, opts):
+                seconds = net.allreduce(nbytes, ranks)
+                timeline.append(Message(what, k, nbytes, net.wire_bytes(nbytes, ranks), begin, begin + seconds))
+                begin += seconds
+            free = begin
+    end = max(forward + backward, free)
+    if ranks > 1 and opts.wire_dtype != "fp32":
+        seconds = net.with_collective(DECISION_COLLECTIVE).allreduce(4, ranks)
+        timeline.append(Message("decision", -1, 4, round(2 * (ranks - 1) / ranks * 4), end, end + seconds))
+        end += seconds
+    return _result("sync-sgd", ranks, end + update_s, local, timeline, len(buckets), ranks)
+
+
+def _sync_easgd(buckets, ranks: int, net, opts: Communication, tau: int, compute: float,
+                update_s: float) -> Prediction:
+    """Sync EASGD: the weights' all-reduce (fusion buckets, fp32) every ``tau`` steps, hidden
+    behind that step's forward + backward when ``overlap``."""
+    timeline, begin = [], 0.0
+    if ranks > 1:
+        for k, (start, stop, _) in enumerate(buckets):
+            nbytes = (stop - start) * 4
+            seconds = net.allreduce(nbytes, ranks)
+            timeline.append(Message("weights", k, nbytes, net.wire_bytes(nbytes, ranks), begin, begin + seconds))
+            begin += seconds
+    exchange = (max(compute, begin) if opts.overlap else begin + compute) + update_s
+    step = (exchange + (tau - 1) * (compute + update_s)) / tau
+    return _result("sync-easgd", ranks, step, compute + update_s, timeline, len(buckets), ranks, per=tau)
+
+
+def _easgd(layers: Sequence[LayerProfile], ranks: int, net, tau: int, local: float, apply_s: float) -> Prediction:
+    """The original EASGD: a worker's view of the round-robin master (see the module's text)."""
+    model = sum(l.parameters for l in layers) * 4
+    exchange = 2 * net.point_to_point(model) + apply_s
+    period = max((ranks - 1) * exchange, exchange + tau * local)
+    timeline = [Message("exchange", 0, model, model, 0.0, exchange)]
+    return _result("easgd", ranks, period / tau, local, timeline, 1, ranks - 1, per=tau)
+
+
+def _result(algorithm: str, ranks: int, step: float, compute: float, timeline: list[Message], buckets: int,
+            workers: int, per: int = 1) -> Prediction:
+    comm = sum(m.end - m.start for m in timeline) / per
+    exposed = max(step - compute, 0.0)
+    speedup = workers * compute / step if step > 0 else float(workers)
+    return Prediction(algorithm, ranks, step, compute, comm, exposed, exposed / step if step > 0 else 0.0,
+                      sum(m.sent for m in timeline) / per, len(timeline) / per, buckets, speedup,
+                      speedup / ranks, timeline)
+
+
+def scaling(profile: Sequence[LayerProfile], ranks_list: Iterable[int], network=None, options=None,
+            collective: str | None = None, algorithm: str = "sync-sgd", **kwargs) -> pd.DataFrame:
+    """:func:`predict` for each rank count: a DataFrame with the columns :data:`COLUMNS`."""
+    ranks_list = list(ranks_list)
+    if not ranks_list:
+        raise PredictError("ranks_list must name at least one rank count")
+    net = network_model(network, collective)   # one model (and one simulator cache) for every row
+    rows = [predict(profile, n, net, options, algorithm=algorithm, **kwargs).to_dict() for n in ranks_list]
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+def compare(profile: Sequence[LayerProfile], ranks_list: Iterable[int], setups: dict[str, dict],
+            network=None, **kwargs) -> pd.DataFrame:
+    """Speed-up and efficiency of several option sets side by side: ``setups`` maps a label to
+    :func:`predict`'s keyword arguments (options, algorithm, collective, ...); one row per rank
+    count, columns ``(label, speedup)``, ``(label, efficiency)``, ``(label, comm_share)``."""
+    ranks_list = list(ranks_list)
+    frames = {}
+    for label, setup in setups.items():
+        frame = scaling(profile, ranks_list, network, **{**kwargs, **setup}).set_index("ranks")
+        frames[label] = frame[["speedup", "efficiency", "comm_share"]]
+    return pd.concat(frames, axis=1)
+
+
+def easgd_shares(profile: Sequence[LayerProfile], ranks: Sequence[int] = (4, 16), network=None, tau: int = 1,
+                 update_s: float = 0.0, apply_s: float = 0.0, fusion_bytes: int | None = None) -> pd.DataFrame:
+    """The SC'17 comparison: a worker's communication share under the original EASGD
+    (round-robin master, no overlap) and Sync EASGD (weights all-reduced, without and with
+    overlap), per rank count. Columns: algorithm, overlap, ranks, step_s, comm_s, comm_share,
+    speedup, efficiency."""
+    setups = (("easgd", False), ("sync-easgd", False), ("sync-easgd", True))
+    rows = []
+    for n in ranks:
+        for algorithm, overlap in setups:
+            fusion = fusion_bytes if algorithm == "sync-easgd" else None
+            p = predict(profile, n, network, algorithm=algorithm, tau=tau, update_s=update_s, apply_s=apply_s,
+                        overlap=overlap, fusion_bytes=fusion)
+            rows.append({"algorithm": algorithm, "overlap": overlap, "ranks": n, "step_s": p.step_s,
+                         "comm_s": p.comm_s, "comm_share": p.comm_share, "speedup": p.speedup,
+                         "efficiency": p.efficiency})
+    return pd.DataFrame(rows)
