@@ -81,3 +81,12 @@ def test_buckets_overlap_backward_in_the_trace(runs):
     backward = [e for e in rank0 if e["name"] == "forward_backward"]
     overlapped = sum(any(b["ts"] <= f["ts"] < b["ts"] + b["dur"] for b in backward) for f in flights)
     assert overlapped >= len(backward)  # at least one bucket per step starts while backward runs
+
+
+def test_unequal_shards_take_the_same_steps_on_every_rank(tmp_path):
+    # batch 8 at 4 ranks: the first shard has one batch more per epoch than the others; a lock-step
+    # run must not take it (the extra all-reduce would wait for ranks that have finished), and the
+    # CSC warm-up must end at the same step everywhere
+    cfg = RunConfig(algorithm="sync-sgd", ranks=RANKS, epochs=2, batch_size=8, sparse_ratio=0.1, warmup_epochs=1)
+    summary = train(cfg, tmp_path, timeout=180)
+    assert summary["steps_per_worker"] * RANKS == summary["steps"] == 4 * 2 * 44

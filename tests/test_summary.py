@@ -109,3 +109,9 @@ def test_traffic_is_per_rank_averaged_over_ranks_and_per_step_of_a_worker():
     assert result["compression_ratio"] == 2.0 and result["skipped_steps"] == 1
     silent = summary.build_summary(cfg, [_report(0, 4), _report(1, 4)], final, parameters=123)
     assert silent["wire_bytes"] == 0 and silent["compression_ratio"] is None  # nothing counted: no ratio
+
+
+def test_lock_step_workers_take_the_steps_of_the_smallest_shard():
+    # digits at 4 workers, batch 8: shards of 360, 359, 359, 359 samples give 45, 44, 44, 44 steps
+    assert summary.planned_steps(1437, 4, 8, 2) == [90, 88, 88, 88]
+    assert summary.planned_steps(1437, 4, 8, 2, synchronous=True) == [88, 88, 88, 88]

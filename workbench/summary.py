@@ -70,12 +70,20 @@ PRINTED_KEYS = ("algorithm", "ranks", "final_test_accuracy", "final_loss", "wall
                 "weights_checksum")
 
 
-def planned_steps(train_samples: int, workers: int, batch_size: int, epochs: int) -> list[int]:
+def planned_steps(train_samples: int, workers: int, batch_size: int, epochs: int,
+                  synchronous: bool = False) -> list[int]:
     """The training steps each worker takes in a whole run (index = worker), the one place a
     run's step count is computed: worker ``w`` holds training samples ``w, w + workers, ...``
     (:func:`workbench.data.shard_indices`) and takes ``len(shard) // batch_size`` steps an epoch
-    (:class:`workbench.data.Batches`); a run takes ``sum(planned_steps(...))`` steps."""
-    return [len(range(w, train_samples, workers)) // batch_size * epochs for w in range(workers)]
+    (:class:`workbench.data.Batches`); a run takes ``sum(planned_steps(...))`` steps.
+
+    ``synchronous``: lock-step algorithms all-reduce at every step, so every worker takes as
+    many steps as the smallest shard gives (shards differ by one sample, and a step more on one
+    rank would wait for partners that have finished)."""
+    per_epoch = [len(range(w, train_samples, workers)) // batch_size for w in range(workers)]
+    if synchronous:
+        per_epoch = [min(per_epoch)] * workers
+    return [n * epochs for n in per_epoch]
 
 
 def status_of(summary: Summary | None) -> str:

@@ -350,7 +350,7 @@ def test_dense_wire_bytes_follow_the_formula(comm_name, collective, wire, theta)
     for step in range(steps):
         assert rig.step(step)
     lengths = [b.numel for b in rig.reducer.buckets]
-    ran = "ring" if wire == "bf16" else collective
+    ran = "ring" if wire != "fp32" else collective  # half-precision wires run ring where native was asked
     fp32 = sum(dense_message_bytes(n, 4, comm, collective) for n in lengths)
     half = sum(dense_message_bytes(n, 2, comm, ran) for n in lengths)
     decision = dense_message_bytes(1, 4, comm, "native")
@@ -391,7 +391,8 @@ def test_csc_wire_bytes_are_the_norms_plus_the_packed_chunks(comm_name, collecti
             if chosen.numel() < chunks:  # norms first: K float32 (dense warm-up sends none)
                 wire_bytes += dense_message_bytes(chunks, 4, comm, collective)
                 messages += 1
-            wire_bytes += dense_message_bytes(packed, itemsize, comm, collective)
+            data_collective = collective if wire == "fp32" else "ring"  # half precision: ring, see strategies
+            wire_bytes += dense_message_bytes(packed, itemsize, comm, data_collective)
             messages += 1
             dense += dense_message_bytes(n, 4, comm, collective)
         if wire != "fp32":

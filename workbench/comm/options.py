@@ -43,7 +43,8 @@ class Communication:
     Attributes:
         fusion_bytes: bucket threshold θ in bytes of gradient (float32); ``0``: one message per
             tensor; ``None``: one message per step (a single bucket).
-        overlap: issue bucket all-reduces from the backward hooks while backward runs.
+        overlap: issue bucket all-reduces from the backward hooks while backward runs (off here;
+            ``RunConfig.overlap`` defaults to on, the EASGD family's weight-exchange overlap).
         wire_dtype: ``fp32``, ``fp16`` or ``bf16``: the dtype the gradients travel in.
         sparse_ratio: CSC's selection ratio ρ in (0, 1]; ``None``: dense (CSC off).
         sparse_chunk: CSC's chunk size c in elements.
@@ -140,8 +141,8 @@ FIELDS = tuple(f.name for f in fields(Communication))
 
 #: ``RunConfig(communication=NAME)``: common combinations
 PRESETS: dict[str, dict[str, Any]] = {
-    "dense": {},
-    "per-tensor": {"fusion_bytes": 0},
+    "dense": {"overlap": False},
+    "per-tensor": {"fusion_bytes": 0, "overlap": False},
     "fused": {"fusion_bytes": 1 << 20, "overlap": True},
     "fp16": {"fusion_bytes": 1 << 20, "overlap": True, "wire_dtype": "fp16"},
     "bf16": {"fusion_bytes": 1 << 20, "overlap": True, "wire_dtype": "bf16"},

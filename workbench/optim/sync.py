@@ -99,7 +99,7 @@ class SyncAlgorithm:
             self.step(step)
             done = step + 1
             if ctx.rank == 0 and ctx.is_eval_point(done, ctx.steps):
-                ctx.evaluate(self.final_weights(), step=done, epoch=done / ctx.batches.steps_per_epoch)
+                ctx.evaluate(self.final_weights(), step=done, epoch=ctx.epoch_of(done))
             if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and ctx.out_dir is not None:
                 with ctx.span("checkpoint", "io", step=done):
                     checkpoint.save(ctx.out_dir, done, self.state(done), ctx.comm)

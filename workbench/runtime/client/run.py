@@ -50,7 +50,7 @@ def _expected_steps(cfg: RunConfig) -> int:
     from ... import data as data_mod
     from ...summary import planned_steps
     train_samples = data_mod.describe(cfg.dataset, samples=cfg.synthetic_samples).train_samples
-    return sum(planned_steps(train_samples, cfg.workers, cfg.batch_size, cfg.epochs))
+    return sum(planned_steps(train_samples, cfg.workers, cfg.batch_size, cfg.epochs, cfg.spec.synchronous))
 
 
 def _open_store(store):

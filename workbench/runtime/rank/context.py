@@ -46,12 +46,14 @@ class Context:
         self._eval_flat = models.FlatParams(self._eval_model)
         master = cfg.spec.master_based
         self.worker_index = (self.rank - 1 if self.rank > 0 else None) if master else self.rank
-        self.batches, self.steps = None, 0  # this rank's training steps: none on a master
+        self.batches, self.steps, self.steps_per_epoch = None, 0, 0  # none on a master
         if self.worker_index is not None:
             self.batches = data_mod.Batches(self.data, self.worker_index, cfg.workers,
                                             cfg.batch_size, cfg.seed)
-            self.steps = planned_steps(len(self.data.y_train), cfg.workers, cfg.batch_size,
-                                       cfg.epochs)[self.worker_index]
+            # lock-step algorithms: as many steps per epoch as the smallest shard gives, on every rank
+            planned = planned_steps(len(self.data.y_train), cfg.workers, cfg.batch_size, 1, cfg.spec.synchronous)
+            self.steps_per_epoch = planned[self.worker_index]
+            self.steps = self.steps_per_epoch * cfg.epochs
         self.steps_completed = self.steps  # less when the run was cancelled
         self.cancelled = False
         self.metrics: list[dict] = []
@@ -77,7 +79,7 @@ class Context:
 
     def epoch_of(self, step: int) -> float:
         """The (fractional) epoch a training step falls in."""
-        return step / self.batches.steps_per_epoch if self.batches is not None else 0.0
+        return step / self.steps_per_epoch if self.batches is not None else 0.0
 
     # -- metrics and cancellation ----------------------------------------------------------
     def add_metric(self, record: dict) -> None:
