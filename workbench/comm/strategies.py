@@ -47,7 +47,7 @@ from .buckets import bucket_bounds  # noqa: F401 - the buckets' one home, named 
 from .buffers import FlatBuffer
 from .implementations import bytes_sent
 from .names import AUTO, NATIVE
-from .nonblocking import Handle, iallreduce, progress
+from .nonblocking import Handle, _yield_cpu, iallreduce, progress
 from .options import Communication
 
 #: fp16 dynamic loss scaling: the first scale, the factor on overflow, and how many good steps
@@ -179,7 +179,7 @@ class Work:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"rank {self.handle.comm.Get_rank()}: a gradient bucket's all-reduce "
                                    f"did not complete within {timeout} s ({self.handle!r})")
-            time.sleep(0)
+            _yield_cpu()  # as Handle.wait: let the peers we wait for run (cnn: 8.9 -> 7.0 ms/step)
 
 
 def reduce_tensor(state: CommState, tensor: torch.Tensor, dense_elems: int | None,
