@@ -53,7 +53,6 @@ import json
 import math
 import os
 import random
-import socket
 import statistics
 import tempfile
 import time
@@ -93,14 +92,10 @@ DDP_RETRIES = 1
 
 
 # -- DDP: the rank side ------------------------------------------------------------------------
-def free_port(comm) -> int:
+def shared_port(comm) -> int:
     """A free TCP port on 127.0.0.1 chosen by rank 0, the same on every rank (as ddp_peer.py)."""
-    port = None
-    if comm.Get_rank() == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    return comm.bcast(port)
+    from workbench.runtime.launch.ports import free_port
+    return comm.bcast(free_port() if comm.Get_rank() == 0 else None)
 
 
 def ddp_traffic(shapes: list[tuple[int, ...]], ranks: int, hook: str | None, rank: int | None) -> dict:
@@ -195,7 +190,7 @@ def ddp_worker(run_dir: Path) -> None:
     peer = json.loads((run_dir / "peer.json").read_text())
     start = time.perf_counter()
     ctx = Context(cfg, comm, run_dir)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port(comm)}", rank=ctx.rank,
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{shared_port(comm)}", rank=ctx.rank,
                             world_size=ctx.size)
     algorithm = DDPSGD(ctx, peer["hook"], peer["rank"], peer["start_iter"])
     comm.Barrier()

@@ -257,3 +257,66 @@ def test_cli_refuses_bad_values_in_one_line(argv, message, capsys):
     assert main(["predict", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("workbench predict: error: ") and message in err
+
+
+def _bus_measurements(nranks: int = 4, latency: float = 3e-5, bandwidth: float = 2e9) -> dict:
+    """A bench file whose all-reduces took exactly what ``bus(nranks)`` with these links gives."""
+    rows = [{"algorithm": a, "bytes": b,
+             "median_s": simulate(schedules.ALGORITHMS[a](nranks), topology.bus(nranks), b, bandwidth, latency).seconds}
+            for a in ("ring", "recursive_doubling") for b in (4096, 1 << 20, 8 << 20)]
+    return {"ranks": nranks, "results": rows}
+
+
+def test_a_calibration_predicts_on_the_network_it_was_fitted_on():
+    from workbench.netsim.calibration import calibrate
+    from workbench.netsim.costs import from_calibration, network_model
+    cal = calibrate(_bus_measurements(), topology.bus(4))
+    assert cal.link_bandwidth == pytest.approx(2e9, rel=1e-6) and cal.link_latency == pytest.approx(3e-5, rel=1e-6)
+    model = from_calibration(cal, "ring")
+    assert isinstance(model, Simulated) and network_model(cal).describe() == model.describe()
+    # the fitted measurement itself comes back, and 8 ranks share the bus the same way
+    for n in (4, 8):
+        on_bus = simulate(schedules.ring(n), topology.bus(n), 8 << 20, 2e9, 3e-5).seconds
+        assert model.allreduce(8 << 20, n) == pytest.approx(on_bus, rel=1e-6)
+    # the closed form for own links is several times faster: the defect this guards against
+    assert model.allreduce(8 << 20, 4) > 3 * closed_form_seconds("ring", 4, 8 << 20, 2e9, 3e-5)
+    with pytest.raises(CostError, match="fitted on 'bus', not fully_connected"):
+        AlphaBeta.from_calibration(cal)
+    own = calibrate(_bus_measurements())   # default fully_connected: the closed form
+    assert isinstance(from_calibration(own), AlphaBeta)
+    with pytest.raises(CostError, match="fitted on 'torus'"):
+        from_calibration(calibrate(_bus_measurements(), topology.torus(2, 2)))
+
+
+def test_cli_predicts_with_the_calibrations_network(tmp_path, capsys):
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps(_bus_measurements()))
+    profile = tmp_path / "toy.csv"
+    profile_table(toy()).to_csv(profile, index=False)
+    out = tmp_path / "p.json"
+    assert main(["predict", "--profile", str(profile), "--calibration", str(bench), "--ranks", "4",
+                 "--json", str(out)]) == 0
+    assert "simulated (lockstep) on bus:{n}" in capsys.readouterr().out
+    row = json.loads(out.read_text())["rows"][0]
+    comm = simulate(schedules.ring(4), topology.bus(4), 4 * 4 * (1 << 16), 2e9, 3e-5).seconds
+    assert row["step_s"] == pytest.approx(4 * 3e-3 + comm, rel=1e-6)
+
+
+def test_a_straggler_delays_lock_step_messages_and_the_step():
+    profile = toy()                      # 4 ms forward, 8 ms backward
+    plain = predict(profile, 4, fusion_bytes=None)
+    late = predict(profile, 4, fusion_bytes=None, skew_s=3e-3)
+    # no overlap: the one message starts after the slowest backward, 3 ms later
+    assert late.step_s == pytest.approx(plain.step_s + 3e-3)
+    assert late.compute_s == plain.compute_s and late.exposed_comm_s == pytest.approx(plain.exposed_comm_s + 3e-3)
+    overlapped = predict(profile, 4, fusion_bytes=0, overlap=True, skew_s=3e-3)
+    first = overlapped.timeline[0]
+    assert first.start == pytest.approx((4e-3 + 2e-3) * 1.25)   # the last layer's gradients, 12 / 12 ms later
+    assert overlapped.step_s >= 1.25 * 12e-3
+    assert predict(profile, 1, skew_s=3e-3).step_s == pytest.approx(12e-3)   # nobody to wait for
+    easgd = predict(profile, 4, algorithm="sync-easgd", overlap=False, skew_s=3e-3)
+    assert easgd.step_s == pytest.approx(predict(profile, 4, algorithm="sync-easgd", overlap=False).step_s + 3e-3)
+    with pytest.raises(PredictError, match="skew_s must be a number of seconds >= 0"):
+        predict(profile, 4, skew_s=-1.0)
+    with pytest.raises(PredictError, match="skew_s applies to lock-step algorithms"):
+        predict(profile, 4, algorithm="easgd", skew_s=1e-3)

@@ -130,7 +130,7 @@ def _network(args):
         from .network import _calibration
         cal = _calibration(args.calibration, None)
         print(f"calibrated on {args.calibration}: {cal}")
-        return costs.AlphaBeta.from_calibration(cal, args.collective), "calibration"
+        return costs.from_calibration(cal, args.collective), "calibration"
     bandwidth = costs.GRADIENTFLOW_BANDWIDTH if args.bandwidth is None else args.bandwidth
     latency = costs.DEFAULT_LATENCY if args.latency is None else args.latency
     if args.simulate:

@@ -59,9 +59,15 @@ def run_algorithm(flat: FlatBuffer, comm: MPI.Comm, algorithm: str) -> None:
 def bytes_sent(flat: FlatBuffer, comm: MPI.Comm, algorithm: str, narrow_bf16: bool = False) -> int:
     """Bytes this rank sent: exact for schedules; for native, a ring's 2(n-1)/n share.
     bfloat16 travels as float32 (see :func:`wire`) unless ``narrow_bf16``."""
-    n = comm.Get_size()
     itemsize = 4 if flat.dtype_name == "bfloat16" and not narrow_bf16 else flat.itemsize
+    return sent_bytes(flat.length, itemsize, comm, algorithm)
+
+
+def sent_bytes(length: int, itemsize: int, comm: MPI.Comm, algorithm: str) -> int:
+    """Bytes this rank sends to all-reduce ``length`` elements of ``itemsize`` bytes with
+    ``algorithm`` (no buffer needed: :func:`bytes_sent` for one in hand)."""
+    n = comm.Get_size()
     if algorithm == NATIVE:
-        return round(2 * (n - 1) / n * flat.length * itemsize)
-    plan = compile_plan(schedules.ALGORITHMS[algorithm](n), flat.length, comm.Get_rank())
+        return round(2 * (n - 1) / n * length * itemsize)
+    plan = compile_plan(schedules.ALGORITHMS[algorithm](n), length, comm.Get_rank())
     return plan.sent_elems * itemsize

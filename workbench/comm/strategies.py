@@ -44,8 +44,7 @@ import torch
 from mpi4py import MPI
 
 from .buckets import bucket_bounds  # noqa: F401 - the buckets' one home, named here too
-from .buffers import FlatBuffer
-from .implementations import bytes_sent
+from .implementations import sent_bytes
 from .names import AUTO, NATIVE
 from .nonblocking import Handle, _yield_cpu, iallreduce, progress
 from .options import Communication
@@ -148,7 +147,7 @@ def dense_bytes(elements: int, comm: MPI.Comm, algorithm: str) -> int:
     """Bytes this rank sends to all-reduce ``elements`` float32 values with ``algorithm``."""
     if comm.Get_size() == 1 or elements == 0:
         return 0
-    return bytes_sent(FlatBuffer(np.empty(elements, dtype=np.float32)), comm, algorithm)
+    return sent_bytes(elements, 4, comm, algorithm)
 
 
 class Work:

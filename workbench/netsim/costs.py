@@ -19,7 +19,11 @@ Two models with one interface (``allreduce(nbytes, nranks) -> seconds``, ``point
   ============================  =========================================================
 
   ``B`` is ``bandwidth`` (bytes/s per link), ``alpha`` is ``latency`` (seconds per step; one hop).
-  :meth:`AlphaBeta.from_calibration` takes both from a fit of this machine's measurements.
+  :func:`from_calibration` takes both from a fit of this machine's measurements, on the network
+  the fit assumed: a fit on ``fully_connected`` gives an :class:`AlphaBeta`, a fit on ``bus`` (the
+  CLI's default: ranks of one host share its memory bandwidth) or ``ring`` a :class:`Simulated`
+  on that kind of network at every rank count (the closed forms would be several times too fast
+  for links the fit made shared).
 - :class:`Simulated`: the topology simulator itself (any schedule, any topology, lock-step or
   flow model), cached per ``(N, n)``. Exact where the closed form has none (double binary tree)
   or the network is not a crossbar, but slow at hundreds of ranks (seconds per size at 512).
@@ -128,8 +132,13 @@ class AlphaBeta:
 
     @classmethod
     def from_calibration(cls, calibration, collective: str = "ring") -> "AlphaBeta":
-        """Links like the ones a :class:`~workbench.netsim.calibration.Calibration` measured
-        (its per-hop latency and bandwidth), every rank with its own."""
+        """Links like the ones a :class:`~workbench.netsim.calibration.Calibration` fitted on
+        ``fully_connected`` (its per-hop latency and bandwidth), every rank with its own. A fit on
+        another network is a :class:`CostError` (use :func:`from_calibration`)."""
+        kind = _calibration_kind(calibration)
+        if kind != "fully_connected":
+            raise CostError(f"calibration was fitted on {kind!r}, not fully_connected: its link bandwidth is a "
+                            f"shared link's; use costs.from_calibration(calibration) (a Simulated {kind})")
         return cls(calibration.link_bandwidth, calibration.link_latency, collective)
 
     def allreduce(self, nbytes: float, nranks: int) -> float:
@@ -208,14 +217,38 @@ class Simulated:
                 f"per link, {self.latency * 1e6:.4g} us per hop")
 
 
+#: networks a calibration can be scaled to any rank count on (one number in their spelling)
+SCALABLE_KINDS = ("fully_connected", "bus", "ring")
+
+
+def _calibration_kind(calibration) -> str:
+    topo = getattr(calibration, "topology", None)
+    return getattr(topo, "kind", "fully_connected")
+
+
+def from_calibration(calibration, collective: str = "ring"):
+    """The network a :class:`~workbench.netsim.calibration.Calibration` describes, at any rank
+    count: its fitted link bandwidth and latency on the *same kind* of network it was fitted on
+    (``fully_connected``: :class:`AlphaBeta`; ``bus`` or ``ring``: :class:`Simulated` on
+    ``bus:{n}`` / ``ring:{n}``). A fit on another kind (torus, fat tree...) has no rank-count-free
+    spelling: :class:`CostError`."""
+    kind = _calibration_kind(calibration)
+    if kind == "fully_connected" and collective in CLOSED_FORMS:
+        return AlphaBeta(calibration.link_bandwidth, calibration.link_latency, collective)
+    if kind not in SCALABLE_KINDS:
+        raise CostError(f"calibration was fitted on {kind!r}; the predictor scales only a fit on "
+                        f"{', '.join(SCALABLE_KINDS)} to other rank counts (calibrate on one of those)")
+    return Simulated(calibration.link_bandwidth, calibration.link_latency, collective, topology=f"{kind}:{{n}}")
+
+
 def network_model(network=None, collective: str | None = None):
     """The model ``predict`` uses: ``None`` (:class:`AlphaBeta` defaults), a model, or a
-    :class:`~workbench.netsim.calibration.Calibration` (:meth:`AlphaBeta.from_calibration`);
+    :class:`~workbench.netsim.calibration.Calibration` (:func:`from_calibration`);
     ``collective`` (if given) replaces the model's own."""
     if network is None:
         network = AlphaBeta()
     elif not hasattr(network, "allreduce") and hasattr(network, "link_bandwidth"):
-        network = AlphaBeta.from_calibration(network)
+        network = from_calibration(network, collective or "ring")
     elif not all(hasattr(network, name) for name in ("allreduce", "point_to_point", "wire_bytes", "with_collective")):
         raise CostError(f"network must be an AlphaBeta, a Simulated or a Calibration; got {type(network).__name__}")
     return network if collective is None else network.with_collective(collective)

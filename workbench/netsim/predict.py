@@ -23,6 +23,14 @@ decision; MPI's native all-reduce, timed as recursive doubling, counted as the r
 ``round(2(N-1)/N x 4)`` bytes). The step ends at max(backward end, last message end) + that
 decision + ``update_s``. CSC is predicted after its warm-up (the steady ratio).
 
+**Stragglers** (``skew_s``, default 0: dedicated devices). A lock-step message waits for every
+rank; ``skew_s`` is how much later than the profile's (average) rank the slowest rank finishes its
+forward + backward, E[max over ranks] - mean. The slowest rank's gradients become ready
+proportionally later (its ready times are the profile's times ``1 + skew_s / (forward +
+backward)``), so messages start from them and the step cannot end before its backward does.
+Ranks time-sliced on shared cores (this machine's 4 ranks on 2 cores) have such a skew;
+:func:`workbench.bench.step.profile_step` measures it (``processes=N, lockstep=True``).
+
 **The EASGD family.** ``sync-easgd``: every ``tau`` steps one all-reduce of all weights (float32,
 in fusion buckets) overlapped with that step's forward + backward (``overlap``; else before
 them). ``easgd`` (the original, round-robin master): rank 0 holds the center; each of the N-1
@@ -138,7 +146,7 @@ def _bucket_messages(elements: int, opts: Communication) -> list[tuple[str, int]
     return [("norms", chunks * 4), ("chunks", keep * c * item)]
 
 
-def _check(ranks, algorithm: str, tau, update_s, apply_s) -> None:
+def _check(ranks, algorithm: str, tau, update_s, apply_s, skew_s=0.0) -> None:
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise PredictError(f"ranks must be an integer >= 1; got {ranks!r}")
     if algorithm not in ALGORITHMS:
@@ -147,24 +155,28 @@ def _check(ranks, algorithm: str, tau, update_s, apply_s) -> None:
         raise PredictError(f"ranks must be >= 2 for easgd (rank 0 is the master); got {ranks}")
     if not isinstance(tau, int) or isinstance(tau, bool) or tau < 1:
         raise PredictError(f"tau must be an integer >= 1 (steps between exchanges); got {tau!r}")
-    for name, value in (("update_s", update_s), ("apply_s", apply_s)):
+    for name, value in (("update_s", update_s), ("apply_s", apply_s), ("skew_s", skew_s)):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf:
             raise PredictError(f"{name} must be a number of seconds >= 0; got {value!r}")
+    if algorithm == "easgd" and skew_s:
+        raise PredictError("skew_s applies to lock-step algorithms (sync-sgd, sync-easgd); easgd's workers "
+                           "do not wait for each other")
 
 
 def predict(profile: Sequence[LayerProfile], ranks: int, network=None, options=None, collective: str | None = None,
             algorithm: str = "sync-sgd", tau: int = 1, update_s: float = 0.0, apply_s: float = 0.0,
-            **fields) -> Prediction:
+            skew_s: float = 0.0, **fields) -> Prediction:
     """Predict one step of ``algorithm`` on ``ranks`` ranks.
 
     ``network``: a model of :mod:`~workbench.netsim.costs` (default :class:`~workbench.netsim.costs.
     AlphaBeta`: ring, 56 Gbit/s, 5 us per step) or a ``Calibration``; ``collective`` replaces its
     schedule. ``options`` and ``fields``: the gradient-communication options (:func:`communication`).
     ``tau``: steps between EASGD exchanges; ``update_s``: seconds of the optimizer update per step;
-    ``apply_s``: seconds the EASGD master spends applying one worker's weights.
+    ``apply_s``: seconds the EASGD master spends applying one worker's weights; ``skew_s``: the
+    slowest rank's extra forward + backward seconds (see the module's text on stragglers).
     """
     layers = check_profile(profile)
-    _check(ranks, algorithm, tau, update_s, apply_s)
+    _check(ranks, algorithm, tau, update_s, apply_s, skew_s)
     opts = communication(options, **fields)
     if algorithm != "sync-sgd" and (opts.sparse or opts.wire_dtype != "fp32"):
         raise PredictError(f"{algorithm} exchanges weights, not gradients: wire_dtype and sparse_ratio do not "
@@ -179,12 +191,15 @@ def predict(profile: Sequence[LayerProfile], ranks: int, network=None, options=N
         return _easgd(layers, ranks, net, tau, local, apply_s)
     bounds, owner = _layout(layers)
     buckets = bucket_bounds(bounds, opts.fusion_bytes)
+    skew_s = skew_s if ranks > 1 else 0.0
     if algorithm == "sync-easgd":
-        return _sync_easgd(buckets, ranks, net, opts, tau, forward + backward, update_s)
+        return _sync_easgd(buckets, ranks, net, opts, tau, forward + backward, update_s, skew_s)
+    slow = 1.0 + skew_s / (forward + backward) if forward + backward > 0 else 1.0   # the slowest rank
     ready_at, t = [0.0] * len(layers), forward
     for i in reversed(range(len(layers))):
         t += layers[i].backward_s
-        ready_at[i] = t
+        ready_at[i] = t * slow
+    forward, backward = forward * slow, backward * slow   # the step waits for the slowest rank
     timeline: list[Message] = []
     free = 0.0   # when the network is next free
     if ranks > 1:
@@ -205,7 +220,7 @@ def predict(profile: Sequence[LayerProfile], ranks: int, network=None, options=N
 
 
 def _sync_easgd(buckets, ranks: int, net, opts: Communication, tau: int, compute: float,
-                update_s: float) -> Prediction:
+                update_s: float, skew_s: float = 0.0) -> Prediction:
     """Sync EASGD: the weights' all-reduce (fusion buckets, fp32) every ``tau`` steps, hidden
     behind that step's forward + backward when ``overlap``."""
     timeline, begin = [], 0.0
@@ -215,7 +230,8 @@ def _sync_easgd(buckets, ranks: int, net, opts: Communication, tau: int, compute
             seconds = net.allreduce(nbytes, ranks)
             timeline.append(Message("weights", k, nbytes, net.wire_bytes(nbytes, ranks), begin, begin + seconds))
             begin += seconds
-    exchange = (max(compute, begin) if opts.overlap else begin + compute) + update_s
+    # the exchange step waits for the slowest rank's forward + backward; the others do not wait
+    exchange = (max(compute + skew_s, begin) if opts.overlap else begin + compute + skew_s) + update_s
     step = (exchange + (tau - 1) * (compute + update_s)) / tau
     return _result("sync-easgd", ranks, step, compute + update_s, timeline, len(buckets), ranks, per=tau)
 

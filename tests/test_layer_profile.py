@@ -1,0 +1,130 @@
+"""The per-layer profiler (workbench.bench.layers, workbench.bench.step): one LayerProfile per parameterised layer in
+forward order with the model's parameter counts, positive times, and a CSV that the predictor
+(profile_from_table, `workbench predict --profile`) reads back. Single process, a few repetitions:
+the times are only checked to be positive, never against a bound (this machine is noisy)."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from workbench import models
+from workbench.bench.layers import LayerProfileError, profile_builtin, profile_layers, write_profile_csv
+from workbench.bench.step import StepProfile, profile_step, update_seconds, wire_cast_seconds
+from workbench.netsim.predict import predict
+from workbench.netsim.profile import LayerProfile, profile_from_table
+
+FAST = dict(repeats=3, warmup=1)
+
+#: (name, (parameters, tensors) of each parameterised layer in forward order) on digits (64 -> 10)
+EXPECTED = {
+    "mlp": [(64 * 64 + 64, (4096, 64)), (64 * 10 + 10, (640, 10))],
+    "wide_mlp": [(64 * 1024 + 1024, (65536, 1024)), (1024 * 1024 + 1024, (1048576, 1024)),
+                 (1024 * 10 + 10, (10240, 10))],
+    "cnn": [(16 * 9 + 16, (144, 16)), (32 * 16 * 9 + 32, (4608, 32)), (32 * 16 * 10 + 10, (5120, 10))],
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_builtin_models_one_profile_per_parameterised_layer_in_forward_order(name):
+    layers = profile_builtin(name, batch_size=8, **FAST)
+    assert all(isinstance(layer, LayerProfile) for layer in layers)
+    assert [(layer.parameters, layer.tensors) for layer in layers] == EXPECTED[name]
+    torch.manual_seed(0)
+    model = models.build(name, 64, 10)
+    assert sum(layer.parameters for layer in layers) == sum(p.numel() for p in model.parameters())
+    assert all(layer.forward_s > 0 and layer.backward_s > 0 for layer in layers)
+    # the names say which module each row is (the Sequential's index and the type)
+    kinds = [layer.name.split(":")[1] for layer in layers]
+    assert kinds == (["Conv2d", "Conv2d", "Linear"] if name == "cnn" else ["Linear"] * len(layers))
+
+
+def test_forward_order_is_the_call_order_not_the_registration_order():
+    class Backwards(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.second = nn.Linear(8, 3)
+            self.first = nn.Linear(5, 8, bias=False)
+
+        def forward(self, x):
+            return self.second(torch.relu(self.first(x)))
+
+    layers = profile_layers(Backwards(), (5,), 4, **FAST)
+    assert [layer.name for layer in layers] == ["first:Linear", "second:Linear"]
+    assert [layer.tensors for layer in layers] == [(40,), (24, 3)]
+
+
+def test_a_batch_as_sample_and_the_model_left_untouched():
+    model = models.build("mlp", 64, 10)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, y = torch.rand(16, 64), torch.randint(0, 10, (16,))
+    layers = profile_layers(model, x, target=y, **FAST)
+    assert len(layers) == 2
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_refusals():
+    with pytest.raises(LayerProfileError, match="no trainable parameters"):
+        profile_layers(nn.ReLU(), (4,), 2, **FAST)
+    with pytest.raises(LayerProfileError, match="batch_size"):
+        profile_layers(models.build("mlp", 64, 10), (64,), None, **FAST)
+    with pytest.raises(LayerProfileError, match="statistic"):
+        profile_layers(models.build("mlp", 64, 10), (64,), 4, statistic="mode")
+    with pytest.raises(LayerProfileError, match="model must be one of"):
+        profile_builtin("alexnet", 4, **FAST)
+
+    shared = nn.Linear(4, 4)
+    with pytest.raises(LayerProfileError, match="more than once"):
+        profile_layers(nn.Sequential(shared, nn.ReLU(), shared), (4,), 2, **FAST)
+
+
+def test_csv_round_trip_through_profile_from_table(tmp_path):
+    layers = profile_builtin("cnn", batch_size=8, **FAST)
+    path = write_profile_csv(layers, tmp_path / "cnn.csv")
+    back = profile_from_table(path)
+    assert [(l.name, l.parameters, l.tensors) for l in back] == [(l.name, l.parameters, l.tensors) for l in layers]
+    for a, b in zip(back, layers):
+        assert a.forward_s == pytest.approx(b.forward_s, rel=1e-6)
+        assert a.backward_s == pytest.approx(b.backward_s, rel=1e-6)
+    # and the predictor takes it: 3 layers x (weight, bias) = 6 messages per step with fusion 0
+    assert predict(back, 4, fusion_bytes=0).messages == 6
+
+
+def test_workbench_predict_reads_the_csv(tmp_path, capsys):
+    from workbench.cli import main
+    path = write_profile_csv(profile_builtin("mlp", batch_size=8, **FAST), tmp_path / "mlp.csv")
+    assert main(["predict", "--profile", str(path), "--ranks", "1,4", "--fusion-bytes", "0"]) == 0
+    assert "2 layers" in capsys.readouterr().out
+
+
+def test_step_profile_in_this_process():
+    step = profile_step("mlp", 8, **FAST)
+    assert isinstance(step, StepProfile) and step.processes == 1 and step.statistic == "median"
+    assert step.parameters == 4810 and len(step.layers) == 2
+    assert step.update_s > 0 and step.wire_cast_s["fp16"] > 0 and step.evaluate_s > 0
+    doubled = step.scaled(2.0)
+    assert doubled.forward_s == pytest.approx(2 * step.forward_s)
+    assert doubled.update_s == pytest.approx(2 * step.update_s)
+    assert doubled.layers[0].tensors == step.layers[0].tensors
+    assert update_seconds(1000, 4, **FAST) > 0
+    with pytest.raises(LayerProfileError, match="fp16 or bf16"):
+        wire_cast_seconds(1000, "fp32", **FAST)
+    assert torch.get_num_threads() >= 1   # restored, whatever it was
+
+
+def test_lockstep_profiles_measure_the_ranks_skew():
+    # two processes on a shared machine, a spinning barrier before every repetition: the
+    # slowest process's repetition is never shorter than the mean, so the skew is >= 0, and it is
+    # exactly the formula over the repetitions each process reported
+    from workbench.bench.step import _skew
+    step = profile_step("mlp", 8, processes=2, lockstep=True, repeats=5, warmup=1, wire_dtypes=(), timeout=300)
+    assert step.lockstep and step.processes == 2 and step.statistic == "mean"
+    totals = [r["totals"] for r in step.per_process]
+    assert [len(t) for t in totals] == [5, 5] and all(t > 0 for reps in totals for t in reps)
+    assert step.skew_s == pytest.approx(_skew(totals)) and step.skew_s >= 0
+    assert step.scaled(2.0).skew_s == pytest.approx(2 * step.skew_s)
+    assert _skew([[1.0, 2.0], [3.0, 2.0]]) == pytest.approx(0.5)   # (1 + 0) / 2
+    assert profile_step("mlp", 8, **FAST, wire_dtypes=()).skew_s == 0.0
+    with pytest.raises(LayerProfileError, match="lockstep needs processes >= 2"):
+        profile_step("mlp", 8, lockstep=True, **FAST)
