@@ -17,11 +17,14 @@ import workbench
 
 ROOT = Path(workbench.__file__).parent
 
-#: packages and modules that must never import mpi4py or torch (the planner joins when it lands)
+#: packages and modules that must never import mpi4py or torch (burst: its pure modules one by one;
+#: its profiler and executor use torch)
 PURE = ["workbench.schedules", "workbench.network", "workbench.netsim", "workbench.config", "workbench.results",
         "workbench.store", "workbench.summary", "workbench.telemetry", "workbench.checks", "workbench.sizes",
         "workbench.comm.names", "workbench.comm.options", "workbench.comm.buckets", "workbench.netsim.predict",
-        "workbench.runtime.rundir", "workbench.runtime.stream", "workbench.collectives"]
+        "workbench.runtime.rundir", "workbench.runtime.stream", "workbench.collectives",
+        "workbench.burst.graph", "workbench.burst.plan", "workbench.burst.costs", "workbench.burst.planner",
+        "workbench.burst.deeppool", "workbench.burst.multiplex", "workbench.burst.pictures"]
 
 #: lazily loaded names, touched after the import so their modules load too
 LAZY = {"workbench.schedules": ["multitree", "ring_2d"],

@@ -30,7 +30,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from . import bench, network, predict, runs, training
+from . import bench, network, plan, predict, runs, training
 from .common import interrupt_code, say
 
 
@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_to(sub)
     network.add_to(sub)
     predict.add_to(sub)
+    plan.add_to(sub)
     sub.add_parser("algorithms", help="list the training and collective algorithm names").set_defaults(
         func=list_algorithms)
     return parser
