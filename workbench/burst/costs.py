@@ -215,7 +215,8 @@ class CostModel:
         if not have:
             if unprofiled_type and self.missing == "zero":
                 return 0.0
-            why = (f"no layer of type {layer.type} has a row (CostModel(missing='zero') costs such layers 0)"
+            why = (f"no layer of type {layer.type} has a row (`--missing zero` or CostModel(missing='zero') "
+                   "costs such layers 0)"
                    if unprofiled_type else "other layers of its type have rows: the profile does not match the model")
             raise BurstError(f"profile {table.source or '(table)'} has no row for layer {layer.id} ({layer.type}) "
                              f"at any batch size; {why}")
