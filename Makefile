@@ -8,7 +8,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export OMP_NUM_THREADS := 1
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: venv demo compare test chromium test-fast lab bench clean
+.PHONY: venv demo compare test chromium slurm slurm-up slurm-down test-fast lab bench clean
 
 venv: $(STAMP)
 
@@ -35,7 +35,7 @@ compare: venv
 
 # Unit, MPI and cluster tests, then every notebook executed by nbval (outputs not compared,
 # errors fail; cells that take long have their own timeouts).
-test: venv chromium
+test: venv chromium slurm
 	$(BIN)/python -m pytest -q tests notebooks --nbval-lax --nbval-cell-timeout=600
 
 # The browser test drives Debian's chromium (never `playwright install`): installed with apt-get
@@ -44,6 +44,23 @@ chromium:
 	@test -x /usr/bin/chromium || { \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \
 		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; }
+
+# The Slurm tests bring up a private single-node Slurm (tests/slurm_fixture.py): Debian's daemons,
+# installed with apt-get when missing (as root, or with sudo when it is available without a password).
+slurm:
+	@test -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd -a -x /usr/sbin/munged -a -x /usr/bin/srun || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \
+		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q slurmctld slurmd slurm-client munge; }
+
+# A private Slurm for developers (own munged, slurmctld and slurmd on 127.0.0.1, under
+# $TMPDIR/workbench-slurm, default /tmp): `make slurm-up` prints the `export SLURM_CONF=...` line to
+# paste and keeps running until Ctrl-C; `make slurm-down` stops it from another shell.
+SLURM_ROOT ?= $(or $(TMPDIR),/tmp)/workbench-slurm
+slurm-up: venv slurm
+	$(BIN)/python -m workbench.runtime.launch.slurm_local up --root $(SLURM_ROOT)
+
+slurm-down: venv
+	$(BIN)/python -m workbench.runtime.launch.slurm_local down --root $(SLURM_ROOT)
 
 test-fast: venv
 	$(BIN)/python -m pytest -q -m "not mpi"

@@ -10,6 +10,8 @@ import pytest
 
 from workbench.runtime.launch.mpiexec import MPILaunchError, run_mpi
 
+from slurm_fixture import local_slurm  # noqa: F401  (session fixture: a private Slurm)
+
 ROOT = Path(__file__).resolve().parent.parent
 MPI_DIR = Path(__file__).resolve().parent / "mpi"
 

@@ -1,4 +1,5 @@
-"""``workbench train`` and ``workbench compare``: training under mpiexec, every run recorded.
+"""``workbench train`` and ``workbench compare``: training under mpiexec (or srun inside a Slurm
+allocation, ``--launcher``), every run recorded.
 
 Options default to :class:`~workbench.config.RunConfig`'s defaults (one place says what they are);
 ``--lr``, ``--rho`` and ``--momentum`` default to the algorithm's own (``config.DEFAULTS``).
@@ -13,7 +14,8 @@ from ..comm.names import algorithm_names
 from ..comm.options import PRESETS, WIRE_DTYPES
 from ..config import RunConfig, without_ignored
 from ..optim.registry import ALGORITHMS
-from ..runtime.launch.mpiexec import MPILaunchError
+from ..runtime.launch.blame import MPILaunchError
+from ..runtime.launch.mpiexec import LAUNCHER_NAMES
 from ..summary import PRINTED_KEYS
 from .common import interrupt_code, open_store, percent, positive_seconds, say
 from .recording import recorded_train
@@ -33,6 +35,33 @@ def fusion_bytes(text: str) -> int | None:
         return parse_size(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be 0, inf or a size like 4096, 64K, 1M; got {text!r}") from None
+
+
+def srun_arguments(text: str) -> list[str]:
+    """``--srun-args``: one string of srun arguments, split as a shell would."""
+    import shlex
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"cannot split {text!r} into arguments: {exc}") from None
+
+
+def launcher_of(args) -> tuple[str, list[str]]:
+    """``(launcher, srun_args)`` of the command: ``--launcher``, else srun inside a Slurm allocation.
+    ConfigError for ``--srun-args`` without srun, or srun that is not installed."""
+    from ..config import ConfigError
+    from ..runtime.launch import slurm
+    from ..runtime.launch.mpiexec import default_launcher
+    launcher = args.launcher or default_launcher()
+    if args.srun_args and launcher != "srun":
+        raise ConfigError(f"--srun-args: only with srun, and the ranks start with {launcher}"
+                          + ("" if args.launcher else " (SLURM_JOB_ID is not set)") + "; add --launcher srun")
+    if launcher == "srun":
+        try:
+            slurm.find_srun()
+        except FileNotFoundError as exc:
+            raise ConfigError(f"--launcher: {exc}") from None
+    return launcher, args.srun_args
 
 
 def add_to(sub) -> None:
@@ -104,6 +133,12 @@ def _training_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fail-step", type=int, help="debug: the step at which --fail-rank raises")
     p.add_argument("--timeout", type=positive_seconds, default=1800,
                    help="seconds before the job is killed (finite, > 0; default 1800)")
+    p.add_argument("--launcher", choices=LAUNCHER_NAMES,
+                   help="how the ranks start: srun (a job step of the current Slurm allocation) or mpiexec "
+                        "(default: srun when SLURM_JOB_ID is set, e.g. under salloc or in an sbatch script; "
+                        "else mpiexec)")
+    p.add_argument("--srun-args", metavar="ARGS", type=srun_arguments, default=[],
+                   help="extra srun arguments, one string: --srun-args='--mpi=pmi2' (with srun only)")
     p.add_argument("--store", metavar="FILE", help="results store (default $WORKBENCH_STORE or "
                                                    "data/workbench.sqlite)")
 
@@ -140,6 +175,7 @@ def _configs_and_store(args, names: list[str], command: str):
     try:
         configs = [_config(args, name, shared=command == "compare") for name in names]
         _check_paths(args, configs)
+        launcher_of(args)
     except ConfigError as exc:
         print(f"workbench {command}: error: {exc}", file=sys.stderr)
         return 2
@@ -183,13 +219,19 @@ def train_command(args) -> int:
     run_id = run_id_for(run_dir, cfg, store)
     make_run_dir(run_dir, "--out")
     print(f"{'run_id':20s} {run_id}", flush=True)
+    launcher, srun_args = launcher_of(args)
+    if launcher == "srun":
+        import os
+        print(f"{'launcher':20s} srun{' ' + ' '.join(srun_args) if srun_args else ''}"
+              f"{' in Slurm job ' + os.environ['SLURM_JOB_ID'] if os.environ.get('SLURM_JOB_ID') else ''}",
+              flush=True)
     resumed_from = None
     if args.resume:
         resumed_from = store.run_id_of(args.resume) or str(Path(args.resume).resolve())
         print(f"{'resumed_from':20s} {resumed_from}", flush=True)
     try:
         result = recorded_train(store, run_id, cfg, run_dir, resumed_from=resumed_from, resume=args.resume,
-                                 timeout=args.timeout)
+                                 timeout=args.timeout, launcher=launcher, srun_args=srun_args)
     except (MPILaunchError, ValueError, FileNotFoundError) as exc:
         say(f"workbench train: {exc}")
         say(f"workbench train: run {run_id} recorded as failed in {store.path}")
@@ -219,6 +261,7 @@ def compare_command(args) -> int:
     if isinstance(prepared, int):
         return prepared
     configs, store = prepared
+    launcher, srun_args = launcher_of(args)
     parent = Path(args.out) if args.out else runs_root() / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
     rows = []
     for cfg in configs:
@@ -227,7 +270,8 @@ def compare_command(args) -> int:
         make_run_dir(parent / cfg.algorithm, "--out")
         print(f"{cfg.algorithm}: run {run_id}", flush=True)
         try:
-            result = recorded_train(store, run_id, cfg, parent / cfg.algorithm, timeout=args.timeout)
+            result = recorded_train(store, run_id, cfg, parent / cfg.algorithm, timeout=args.timeout,
+                                    launcher=launcher, srun_args=srun_args)
         except MPILaunchError as exc:
             say(f"workbench compare: {cfg.algorithm} failed: {exc}")
             rows.append([cfg.algorithm, "failed", "", "", "", "", run_id])

@@ -21,6 +21,14 @@ job (``srun ... ipyparallel.engine --mpi``) with ``account``, ``queue`` (partiti
 and extra ``options``; ``controller_ip="*"`` with ``controller_location=<this host>`` makes the
 controller reachable from compute nodes (``reachable=True``). :meth:`Cluster.batch_script` shows
 the script without submitting it.
+
+Slurm (tested against a running Slurm 22.05, ``tests/test_slurm.py``): ``srun_args`` go to the
+engines' ``srun`` (``["--mpi=pmi2"]``), after ``--kill-on-bad-exit=1`` (a job that lost an engine is
+ended, as mpiexec ends it); each engine runs under the rank guard like local engines. The batch
+script and Slurm's output are in ``$WORKBENCH_STATE_DIR/batch/<cluster id>/``, never the working
+directory. While the engines come up the job is watched: a job that ends first is an error with its
+Slurm output, one still pending at ``start_timeout`` is cancelled and named with Slurm's reason. The
+job id is in the cluster's record, so the next ``Cluster()`` after a kernel died cancels the job.
 """
 from __future__ import annotations
 
@@ -41,9 +49,22 @@ from ...checks import integer
 from ...config import ConfigError, RunConfig
 from ..launch.blame import describe_end, rank_records
 from ..launch.mpiexec import GUARD, RANK_ENV, find_mpiexec
-from ..launch.engines import LAUNCHERS, slurm_launcher
+from ..launch import slurm
+from ..launch.engines import LAUNCHERS, SRUN_DEFAULTS, SlurmCommandError, slurm_launcher
 from ..launch.shm import remove_orphaned_shm
-from .records import CLUSTER_ID_ENV, cleanup_stale_clusters, cmdline, guard_dir, kill, processes_of, remove_files_of, state_dir  # noqa: F401 - cleanup_stale_clusters, state_dir re-exported
+from .records import CLUSTER_ID_ENV, batch_dir, cleanup_stale_clusters, cmdline, guard_dir, kill, processes_of, remove_files_of, state_dir  # noqa: F401 - cleanup_stale_clusters, state_dir re-exported
+
+#: seconds between two looks at a Slurm engine job's state while the engines come up
+SLURM_POLL_SECONDS = 0.5
+
+
+def _string_list(name: str, value, example: str) -> list[str]:
+    """``value`` as a list of strings (None: empty), else a one-line ConfigError."""
+    if value is None:
+        return []
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{name}: expected a list of strings like {example}, got {value!r}")
+    return list(value)
 
 class _KeptLog(logging.Handler):
     """Keeps the last log records of a cluster's ipyparallel objects instead of printing them."""
@@ -78,17 +99,31 @@ class Cluster:
         options: extra directive lines for the engines' batch script, e.g.
             ``"#SBATCH --gres=gpu:4\n#SBATCH --constraint=a100"``.
         mpi_args: extra ``mpiexec`` arguments (``engines="mpi"``).
-        start_timeout: seconds to wait for all engines to register.
+        srun_args: extra arguments of the engines' ``srun`` (``engines="slurm"``), e.g.
+            ``["--mpi=pmi2"]`` where the site's ``MpiDefault`` gives ranks no PMI.
+        start_timeout: seconds to wait for all engines to register (a Slurm job still pending
+            then is cancelled).
         ipp_config: extra ipyparallel configuration, ``{"Class": {"trait": value}}``.
     """
 
     def __init__(self, n: int = 4, engines: str = "mpi", *, reachable: bool = False,
                  account: str = "", queue: str = "", timelimit: str = "", options: str = "",
-                 mpi_args: list[str] | None = None, start_timeout: float = 60.0,
-                 ipp_config: dict[str, dict[str, Any]] | None = None) -> None:
+                 mpi_args: list[str] | None = None, srun_args: list[str] | None = None,
+                 start_timeout: float = 60.0, ipp_config: dict[str, dict[str, Any]] | None = None) -> None:
         integer("n: number of engines", n, error=ConfigError)
         if engines not in LAUNCHERS:
             raise ConfigError(f"engines: unknown launcher {engines!r}; allowed: {', '.join(LAUNCHERS)}")
+        mpi_args = _string_list("mpi_args", mpi_args, "['-bind-to', 'core']")
+        srun_args = _string_list("srun_args", srun_args, "['--mpi=pmi2']")
+        if srun_args and engines != "slurm":
+            raise ConfigError(f"srun_args: arguments of the engines' srun, for engines='slurm' only; "
+                              f"engines={engines!r}" + (" takes mpi_args (mpiexec's)" if engines == "mpi" else ""))
+        if mpi_args and engines != "mpi":
+            raise ConfigError(f"mpi_args: arguments of mpiexec, for engines='mpi' only"
+                              + ("; engines='slurm' takes srun_args" if engines == "slurm" else ""))
+        if not (isinstance(start_timeout, (int, float)) and not isinstance(start_timeout, bool)
+                and 0 < start_timeout < float("inf")):
+            raise ConfigError(f"start_timeout: must be a finite number of seconds > 0, got {start_timeout!r}")
         if options and engines != "slurm":
             raise ConfigError(f"options: extra batch directives are supported for engines='slurm' only; "
                               f"for {engines!r} pass ipp_config={{'{LAUNCHERS[engines]}EngineSetLauncher': "
@@ -96,7 +131,7 @@ class Cluster:
         self.n, self.engines = n, engines
         self.start_timeout = start_timeout
         self._settings = dict(reachable=reachable, account=account, queue=queue, timelimit=timelimit,
-                              options=options, mpi_args=list(mpi_args or []), ipp_config=ipp_config or {})
+                              options=options, mpi_args=mpi_args, srun_args=srun_args, ipp_config=ipp_config or {})
         self._ipp = None
         self.client = None
         self.ranks: dict[int, int] = {}  # engine id -> MPI rank
@@ -105,6 +140,9 @@ class Cluster:
         self.hosts: dict[int, str] = {}
         self.active_run = None
         self.engines_need_restart = False
+        self.slurm_job: str | None = None  # the engines' current Slurm job (engines="slurm")
+        self._slurm_jobs: list[str] = []  # every engine job this cluster submitted
+        self.start_seconds: float | None = None  # how long the last engine start took
         self._log = _KeptLog()
 
     # -- configuration ---------------------------------------------------------------------
@@ -120,8 +158,9 @@ class Cluster:
         environment = {**RANK_ENV, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
                        CLUSTER_ID_ENV: cluster_id}
         config[engine_launcher].environment = environment
-        config[f"{'Local' if self.engines == 'mpi' else prefix}ControllerLauncher"].environment = {
-            CLUSTER_ID_ENV: cluster_id}
+        # the controller runs here whatever starts the engines (ipp.Cluster(engines=...) sets only
+        # the engine launcher): marked, so a dead kernel's controller is found and stopped
+        config.LocalControllerLauncher.environment = {CLUSTER_ID_ENV: cluster_id}
         if self.engines == "mpi":
             config.MPIEngineSetLauncher.mpi_cmd = [find_mpiexec()]
             config.MPIEngineSetLauncher.mpi_args = s["mpi_args"]
@@ -130,6 +169,11 @@ class Cluster:
                                                       sys.executable, "-m", "ipyparallel.engine"]
         else:
             config[engine_launcher].engine_args = ["--mpi"]  # engine id order = MPI rank order
+            if self.engines == "slurm":
+                config[engine_launcher].srun_args = SRUN_DEFAULTS + s["srun_args"]
+                config[engine_launcher].state_folder = str(batch_dir(cluster_id))
+                config[engine_launcher].engine_cmd = [sys.executable, "-I", str(GUARD), str(guard_dir(cluster_id)),
+                                                      sys.executable, "-m", "ipyparallel.engine"]
             for trait in ("account", "queue", "timelimit"):
                 if s[trait]:
                     config[engine_launcher][trait] = s[trait]
@@ -163,8 +207,12 @@ class Cluster:
             launcher = cluster.engine_launcher_class(
                 work_dir=str(workdir or tmp), parent=cluster, log=cluster.log, profile_dir=cluster.profile_dir,
                 cluster_id=cluster.cluster_id, engine_set_id="preview")
-            launcher.write_batch_script(self.n)
-            return Path(launcher.batch_file).read_text()
+            launcher.batch_file = str(Path(workdir or tmp) / "engines-preview.sbatch")
+            try:
+                launcher.write_batch_script(self.n)
+                return Path(launcher.batch_file).read_text()
+            finally:
+                remove_files_of(cluster.cluster_id, None)  # the folder the launcher made for a real job
 
     # -- start and stop --------------------------------------------------------------------
     def start(self) -> "Cluster":
@@ -183,60 +231,124 @@ class Cluster:
             raise
         return self
 
-    def _start_engines(self, exclude: frozenset[int] = frozenset()) -> None:
-        """Start an engine set and wait until ``n`` new engines (ids not in ``exclude``) registered.
+    def _engine_keys(self) -> set[tuple[int, str]]:
+        """(id, uuid) of every registered engine: a new engine may get an old one's id (Slurm
+        engines ask for their MPI rank as id), never its uuid."""
+        return {(e, self.client._engines.get(e)) for e in self.client.ids}
+
+    def _start_engines(self, exclude: frozenset[tuple[int, str]] = frozenset()) -> None:
+        """Start an engine set and wait until ``n`` new engines (not in ``exclude``, from
+        :meth:`_engine_keys`) registered.
 
         Polls ``client.ids`` every 10 ms: ``wait_for_engines`` sleeps in long intervals and
         would add up to a second to every start.
         """
-        self._ipp.start_engines_sync()
+        started = time.monotonic()
+        deadline = started + self.start_timeout
+        try:
+            engine_set = self._ipp.start_engines_sync()
+        except SlurmCommandError as exc:  # sbatch refused the job: nothing was queued
+            raise RuntimeError(f"Slurm refused the engines' job ({self.n} tasks): {exc}") from None
+        if self.engines == "slurm":
+            launcher = self._ipp.engines[engine_set]
+            self.slurm_job, self._slurm_output = launcher.job_id, launcher.output_file
+            self._slurm_jobs.append(self.slurm_job)
+            self._record()  # the job id, for the cleanup after a kernel that dies
         if self.client is None:
             self.client = self._ipp.connect_client_sync()
-        deadline = time.monotonic() + self.start_timeout
+        next_look = 0.0
         while True:
-            new = [e for e in self.client.ids if e not in exclude]
+            new = [e for e, _ in self._engine_keys() - exclude]
             if len(new) >= self.n:
                 break
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if self.engines == "slurm" and (now >= next_look or now > deadline):
+                self._check_slurm_job(len(new), now > deadline)
+                next_look = now + SLURM_POLL_SECONDS
+            if now > deadline:
+                where = (f"the engines' Slurm job {self.slurm_job} runs; its output:\n{self.slurm_output()}"
+                         if self.engines == "slurm" else f"the engines' log:\n{self.log_tail()}")
                 raise TimeoutError(f"only {len(new)} of {self.n} engines registered within "
-                                   f"{self.start_timeout:g} s (start_timeout); the engines' log:\n"
-                                   f"{self.log_tail()}")
+                                   f"{self.start_timeout:g} s (start_timeout); {where}")
             time.sleep(0.01)
         self.engine_ids = sorted(new)[: self.n]
         self._map_ranks()
+        self.start_seconds = time.monotonic() - started
+
+    def _check_slurm_job(self, registered: int, timed_out: bool) -> None:
+        """While the engines come up: a job that ended is an error with its Slurm output; one still
+        pending at the timeout is cancelled and named with Slurm's reason."""
+        state = slurm.job_state(self.slurm_job)
+        if state is None or state[0] not in slurm.ACTIVE_STATES:
+            raise RuntimeError(
+                f"the engines' Slurm job {self.slurm_job} ended ({state[0] if state else 'gone from squeue'}) "
+                f"after {registered} of {self.n} engines registered; its output ({self._slurm_output}):\n"
+                f"{self.slurm_output()}")
+        if state[0] == "PENDING" and state[1] in slurm.NEVER_REASONS:
+            slurm.cancel([self.slurm_job])
+            raise RuntimeError(
+                f"the engines' Slurm job {self.slurm_job} ({self.n} tasks) can never start: Slurm's reason "
+                f"{state[1]} ({slurm.NEVER_REASONS[state[1]]}); the job was cancelled. Ask for fewer engines (n) "
+                "or another partition (queue)")
+        if timed_out and state[0] == "PENDING":
+            slurm.cancel([self.slurm_job])
+            raise TimeoutError(
+                f"the engines' Slurm job {self.slurm_job} ({self.n} tasks) was still pending after "
+                f"{self.start_timeout:g} s (start_timeout), Slurm's reason: {state[1]}; the job was cancelled. "
+                "Ask for fewer engines (n), another partition (queue) or a longer start_timeout")
+
+    def slurm_output(self, lines: int = 40) -> str:
+        """The last ``lines`` lines of the engines' Slurm job output (``engines="slurm"``)."""
+        path = getattr(self, "_slurm_output", None)
+        try:
+            text = Path(path).read_text(errors="replace") if path else ""
+        except OSError:
+            text = ""
+        return "\n".join(text.splitlines()[-lines:]) or "(no output)"
 
     def _map_ranks(self) -> None:
         # execute + pull of plain code: a function defined in this package would be pickled
         # with a reference to its module, and unpickling it imports workbench (and torch, ~2 s)
         view = self.client[self.engine_ids]
         view.execute("import os, socket; from mpi4py import MPI as _wb_MPI; "
-                     "_wb_rank = _wb_MPI.COMM_WORLD.Get_rank(); _wb_pid = os.getpid(); "
-                     "_wb_host = socket.gethostname()", block=False)
-        pending = view.pull(("_wb_rank", "_wb_pid", "_wb_host"), block=False)
+                     "_wb_rank = _wb_MPI.COMM_WORLD.Get_rank(); _wb_size = _wb_MPI.COMM_WORLD.Get_size(); "
+                     "_wb_pid = os.getpid(); _wb_host = socket.gethostname()", block=False)
+        pending = view.pull(("_wb_rank", "_wb_size", "_wb_pid", "_wb_host"), block=False)
         deadline = time.monotonic() + self.start_timeout
         while not pending.ready():  # get(timeout=...) waits in whole seconds: poll instead
             if time.monotonic() > deadline:
                 raise TimeoutError(f"engines did not answer within {self.start_timeout:g} s (start_timeout)")
             time.sleep(0.005)
-        ranks, pids, hosts = zip(*pending.get())
+        ranks, sizes, pids, hosts = zip(*pending.get())
         self.ranks = dict(zip(view.targets, ranks))
         self.pids = dict(zip(ranks, pids))  # rank -> engine process id
         self.hosts = dict(zip(ranks, hosts))  # rank -> host name
         for old in guard_dir(self._ipp.cluster_id).glob("*.status"):  # ends of replaced engines
             old.unlink(missing_ok=True)
         if sorted(ranks) != list(range(self.n)):
-            raise RuntimeError(f"engines are not one MPI job: ranks {sorted(ranks)}; "
-                               "start them with --mpi under one mpiexec/srun")
+            if self.engines == "slurm":
+                raise ConfigError(slurm.not_one_job_message(self.n, sizes, "srun_args"))
+            raise ConfigError(f"engines are not one MPI job: ranks {sorted(ranks)} of sizes {sorted(set(sizes))}; "
+                              f"the engines' launcher ({self.engines}) gave them no common MPI job: check that "
+                              "mpi4py uses the MPI library of that launcher (mpi_args / ipp_config)")
         self.engines_need_restart = False
         # warm up: import the training code in the background, so the first train() starts fast
         view.execute("import workbench.runtime.rank.sink", block=False)
 
+    def _local_ranks(self) -> dict[int, int]:
+        """rank -> engine pid of the engines this process can see: all of a local cluster's, the
+        ones on this host of a Slurm cluster (other batch systems: none)."""
+        if self.engines == "mpi":
+            return dict(self.pids)
+        if self.engines == "slurm":
+            here = socket.gethostname()
+            return {r: pid for r, pid in self.pids.items() if self.hosts.get(r) == here}
+        return {}
+
     def dead_ranks(self) -> list[int]:
-        """Ranks whose engine process is gone or a zombie (local engines only; [] otherwise)."""
-        if self.engines != "mpi":
-            return []
+        """Ranks whose engine process is gone or a zombie (engines on this host only; [] otherwise)."""
         dead = []
-        for rank, pid in self.pids.items():
+        for rank, pid in self._local_ranks().items():
             try:
                 if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
                     dead.append(rank)
@@ -247,8 +359,10 @@ class Cluster:
     def exits(self) -> list[dict]:
         """How this cluster's engines that ended did, the first to end first, as recorded by each
         engine's guard (:mod:`workbench.runtime.launch.rankguard`): dicts with ``rank``, ``pid``, ``host``,
-        ``signal`` or ``exit_code``, ``time`` (unix seconds) and ``how`` (words). Local engines only."""
-        if self._ipp is None or self.engines != "mpi":
+        ``signal`` or ``exit_code``, ``time`` (unix seconds) and ``how`` (words). Local and Slurm
+        engines (a Slurm engine's guard writes under ``$WORKBENCH_STATE_DIR``: on another node, only
+        if that folder is on a shared file system)."""
+        if self._ipp is None or self.engines not in ("mpi", "slurm"):
             return []
         current = set(self.pids.values())
         _, ends = rank_records(guard_dir(self._ipp.cluster_id))
@@ -267,16 +381,21 @@ class Cluster:
         """Replace the engines (after a failed or killed run): kill, start anew, reconnect.
 
         The hub forgets the dead engines only after missed heartbeats, so we wait for ``n``
-        engines with new ids instead of for the old ones to go.
+        new engines (new uuids; Slurm engines may reuse the old ids) instead of for the old ones
+        to go.
         """
-        old = frozenset(self.client.ids)
+        old = frozenset(self._engine_keys())
         self.kill_engines()
         self._ipp.stop_engines_sync()
         self._start_engines(exclude=old)
 
     def kill_engines(self) -> None:
-        """SIGKILL this cluster's engines and mpiexec (thread-safe: touches no ipyparallel state)."""
+        """SIGKILL this cluster's engines and mpiexec, or cancel its Slurm job (thread-safe: touches
+        no ipyparallel state)."""
         if self._ipp is not None:
+            if self.slurm_job:
+                slurm.cancel([self.slurm_job], signal="KILL")
+                slurm.cancel([self.slurm_job])
             kill([p for p in processes_of(self._ipp.cluster_id)
                    if "ipyparallel.controller" not in " ".join(cmdline(p))])
             remove_orphaned_shm()
@@ -300,11 +419,15 @@ class Cluster:
             self._ipp.stop_engines_sync()
             self._ipp.stop_controller_sync()
         finally:
+            if self._slurm_jobs:  # gone from squeue before stop() returns
+                slurm.cancel(self._slurm_jobs)
+                slurm.wait_gone(self._slurm_jobs, timeout=15)
             kill(processes_of(self._ipp.cluster_id))  # anything that did not stop
             self._record_path().unlink(missing_ok=True)
             remove_files_of(self._ipp.cluster_id, self._ipp.cluster_file)
             remove_orphaned_shm()
             self._ipp, self.client, self.ranks, self.engine_ids = None, None, {}, []
+            self.slurm_job, self._slurm_jobs = None, []
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines ipyparallel logged for this cluster (controller and engines'
@@ -320,7 +443,8 @@ class Cluster:
         me = psutil.Process()
         path.write_text(json.dumps({"cluster_id": self._ipp.cluster_id, "owner_pid": me.pid,
                                     "owner_started": me.create_time(), "cluster_file": self._ipp.cluster_file,
-                                    "engines": self.engines, "n": self.n, "started": time.time()}))
+                                    "engines": self.engines, "n": self.n, "started": time.time(),
+                                    "slurm_jobs": self._slurm_jobs}))
 
     def __enter__(self) -> "Cluster":
         return self.start()

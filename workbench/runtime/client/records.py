@@ -3,9 +3,10 @@
 Every cluster started by :class:`~workbench.runtime.client.cluster.Cluster` is recorded (owner pid
 and start time, ipyparallel's cluster file) under ``$WORKBENCH_STATE_DIR/clusters`` (default
 ``~/.cache/workbench/clusters``). A kernel that dies leaves its controller, mpiexec and engines
-running; :func:`cleanup_stale_clusters` finds those records, stops what they name, kills stray
-engines (found by the cluster id in their environment) and removes the cluster's files and
-orphaned ``/dev/shm/mpich_shm_*`` segments.
+running (and, for ``engines="slurm"``, its engines' batch job queued or running);
+:func:`cleanup_stale_clusters` finds those records, cancels the Slurm jobs they name (``scancel``),
+stops what they name, kills stray engines (found by the cluster id in their environment) and
+removes the cluster's files and orphaned ``/dev/shm/mpich_shm_*`` segments.
 """
 from __future__ import annotations
 
@@ -32,6 +33,11 @@ def state_dir() -> Path:
 def guard_dir(cluster_id: str) -> Path:
     """Where the guards of a cluster's engines record how each engine ended."""
     return state_dir() / "exits" / cluster_id
+
+
+def batch_dir(cluster_id: str) -> Path:
+    """Where a batch-system cluster's engine job script and the batch system's output go."""
+    return state_dir() / "batch" / cluster_id
 
 
 def _owner_alive(record: dict) -> bool:
@@ -94,6 +100,10 @@ def cleanup_stale_clusters() -> list[str]:
             continue
         if _owner_alive(record):
             continue
+        if record.get("slurm_jobs"):
+            from ..launch import slurm
+            slurm.cancel(record["slurm_jobs"])
+            slurm.wait_gone(record["slurm_jobs"], timeout=10)
         kill(processes_of(record["cluster_id"]))
         remove_files_of(record["cluster_id"], record.get("cluster_file"))
         path.unlink(missing_ok=True)
@@ -114,5 +124,6 @@ def remove_files_of(cluster_id: str, cluster_file: str | None) -> None:
     for path in paths:
         path.unlink(missing_ok=True)
     shutil.rmtree(guard_dir(cluster_id), ignore_errors=True)
+    shutil.rmtree(batch_dir(cluster_id), ignore_errors=True)
 
 

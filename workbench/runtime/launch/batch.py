@@ -1,4 +1,5 @@
-"""Batch training without a notebook: validate, launch mpiexec, collect the run directory.
+"""Batch training without a notebook: validate, launch mpiexec (srun inside a Slurm allocation),
+collect the run directory.
 
 ``train(cfg)`` writes ``<run_dir>/config.json``, runs ``workbench.runtime.rank.worker`` on
 ``cfg.ranks`` ranks and returns the parsed ``summary.json``. Without ``run_dir`` the run goes
@@ -8,16 +9,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 from ...config import RunConfig
-from .mpiexec import run_mpi
+from . import slurm
+from .blame import NOT_ONE_JOB, MPILaunchError
+from .mpiexec import default_launcher, run_mpi
 from ..rundir import CANCEL_FILE, make_run_dir, new_run_id, runs_root
 
 
 def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: str | os.PathLike | None = None,
-          timeout: float = 1800, stream: bool = False, grace: float = 10.0) -> dict:
+          timeout: float = 1800, stream: bool = False, grace: float = 10.0, launcher: str | None = None,
+          srun_args: list[str] | tuple[str, ...] = ()) -> dict:
     """Run ``cfg`` under mpiexec and return its summary (also in ``run_dir/summary.json``).
+
+    ``launcher``: ``"mpiexec"`` or ``"srun"`` (a job step of the current Slurm allocation, with
+    ``srun_args``); default: ``srun`` when ``SLURM_JOB_ID`` is set, else ``mpiexec``.
 
     ``resume``: a run directory with a checkpoint; the run continues from its newest complete
     checkpoint (bit for bit for the synchronous algorithms; each rank from its own newest state
@@ -38,9 +46,21 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
     args = ["-m", "workbench.runtime.rank.worker", "--run-dir", str(run_dir.resolve())]
     if resume is not None:
         args += ["--resume", str(Path(resume).resolve())]
+    launcher = launcher or default_launcher()
     try:
-        run_mpi(cfg.ranks, args, timeout=timeout, stream=stream, grace=grace,
+        run_mpi(cfg.ranks, args, timeout=timeout, stream=stream, grace=grace, launcher=launcher,
+                srun_args=srun_args,
                 on_interrupt=lambda: cancel_flag.write_text("cancelled by a signal to the launcher\n"))
+    except MPILaunchError as exc:
+        if NOT_ONE_JOB not in exc.output:
+            raise
+        if launcher == "srun":
+            sizes = [int(m) for m in re.findall(rf"{NOT_ONE_JOB}: this rank is rank \d+ of (\d+)", exc.output)]
+            raise MPILaunchError(slurm.not_one_job_message(cfg.ranks, sizes or [1], "--srun-args"),
+                                 exc.failed_ranks, exc.output) from None
+        raise MPILaunchError(f"mpiexec started {cfg.ranks} ranks that are not one MPI job of {cfg.ranks}: mpi4py "
+                             "does not use the MPI library of this mpiexec (set WORKBENCH_MPIEXEC)",
+                             exc.failed_ranks, exc.output) from None
     finally:
         cancel_flag.unlink(missing_ok=True)
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -15,6 +15,11 @@ from pathlib import Path
 from .signals import signal_name
 
 
+#: the first words of a rank's exit when the launcher did not start one MPI job of the run's size
+#: (``workbench.runtime.rank.worker``): srun without a PMI the MPI library uses, a foreign mpiexec
+NOT_ONE_JOB = "workbench: not one MPI job"
+
+
 class MPILaunchError(RuntimeError):
     """mpiexec failed, a rank raised, or the job ran past its timeout.
 
@@ -42,14 +47,18 @@ class MPIResult:
 
 
 _TAG = re.compile(r"^\[(?:1,)?(\d+)\](?:<std(?:out|err)>)?:?\s?(.*)$")
+_SRUN_LABEL = re.compile(r"^\s*(\d+): ?(.*)$")  # srun --label
 _MPICH_ABORT = re.compile(r"Abort\((\d+)\) on node \d+ \(rank (\d+) in comm")  # code, rank
 
 
-def collect_output(launcher_output: str, output_dir: Path, nranks: int) -> MPIResult:
+def collect_output(launcher_output: str, output_dir: Path, nranks: int, labels: bool = False) -> MPIResult:
+    """Each rank's output: from hydra's per-rank files in ``output_dir``, Open MPI's
+    ``--tag-output`` lines, or (``labels``) srun's ``--label`` lines."""
     ranks: dict[int, list[str]] = {}
     rest = []
-    for line in launcher_output.splitlines():  # Open MPI --tag-output lines
-        m = _TAG.match(line)
+    tag = _SRUN_LABEL if labels else _TAG
+    for line in launcher_output.splitlines():  # Open MPI --tag-output / srun --label lines
+        m = tag.match(line)
         if m:
             ranks.setdefault(int(m.group(1)), []).append(m.group(2))
         else:
@@ -74,6 +83,8 @@ def describe_end(record: dict) -> str:
     """``was killed by signal 9 (SIGKILL)`` or ``exited with code 3`` for a rank's end record."""
     if record.get("signal"):
         return f"was killed by signal {record['signal']} ({signal_name(record['signal'])})"
+    if record.get("srun_said"):
+        return f"ended: srun reported {record['srun_said']!r}"
     return f"exited with code {record.get('exit_code')}"
 
 
@@ -95,6 +106,7 @@ def rank_records(status_dir: Path) -> tuple[dict[int, dict], list[dict]]:
 
 
 _HYDRA_BAD = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*\n=\s*EXIT CODE: (\d+)")
+_SRUN_BAD = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (?:Exited with exit code (\d+)|(.+))$", re.M)
 _HYDRA_SIGNAL = re.compile(r"KILLED BY SIGNAL: (\d+)|\(signal (\d+)\)")
 
 
@@ -104,6 +116,17 @@ def _first_death(result: MPIResult, starts: dict[int, dict], ends: list[dict]) -
     bad = [e for e in ends if e.get("signal") or e.get("exit_code")]
     if bad:
         return bad[0]
+    m = _SRUN_BAD.search(result.output)  # srun's report: its first line names the first task that ended badly
+    if m and int(m.group(2)) not in {e.get("rank") for e in ends}:
+        host, rank = m.group(1), int(m.group(2))
+        record = {"rank": rank, "pid": starts.get(rank, {}).get("pid"), "host": host}
+        if m.group(3) is not None:
+            record["exit_code"] = int(m.group(3))
+        else:
+            said = m.group(4).strip()
+            record["signal"] = _signal_number(said)
+            record["srun_said"] = said
+        return record
     m = _HYDRA_BAD.search(result.output)
     if not m:
         return None
@@ -120,18 +143,35 @@ def _first_death(result: MPIResult, starts: dict[int, dict], ends: list[dict]) -
     return record
 
 
-def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[dict]) -> MPILaunchError:
-    """The error for a job that exited non-zero, blaming the rank whose process ended first."""
+def _signal_number(description: str) -> int | None:
+    """The signal whose ``strsignal`` is ``description`` (srun writes "Killed", "Terminated")."""
+    import signal
+    for sig in signal.Signals:
+        if signal.strsignal(sig) == description:
+            return int(sig)
+    return None
+
+
+def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[dict],
+            abort_kills_all: bool = False) -> MPILaunchError:
+    """The error for a job that exited non-zero, blaming the rank whose process ended first.
+
+    ``abort_kills_all``: the launcher answers an ``MPI_Abort`` by SIGKILLing every task at once,
+    the aborting one included (srun), so whichever guard records its SIGKILL first says nothing:
+    when one rank called ``MPI_Abort`` and every recorded end is a SIGKILL, that rank is named."""
     head = f"MPI job on {nranks} ranks exited with code {result.returncode}"
     traced = failed_ranks(result)
     first = _first_death(result, starts, ends)
+    # a rank that called MPI_Abort (mpi4py does on an uncaught exception) takes the others
+    # down with it, its guard included: MPICH's own line names it
+    aborted = {(int(m.group(2)), int(m.group(1))) for r in traced
+               for m in [_MPICH_ABORT.search(result.ranks.get(r, ""))] if m}
+    if (abort_kills_all and len(aborted) == 1 and first is not None and first.get("signal") == 9
+            and all(e.get("signal") == 9 for e in ends if e.get("signal") or e.get("exit_code"))):
+        first = None
     if first is None or not isinstance(first.get("rank"), int):
         who = f"rank(s) {', '.join(map(str, traced))} failed" if traced else "the job failed"
         detail = "\n".join(_traceback_of(result, r) for r in traced) or tail(result.output)
-        # a rank that called MPI_Abort (mpi4py does on an uncaught exception) takes the others
-        # down with it, its guard included: MPICH's own line names it
-        aborted = {(int(m.group(2)), int(m.group(1))) for r in traced
-                   for m in [_MPICH_ABORT.search(result.ranks.get(r, ""))] if m}
         if len(aborted) == 1:
             [(rank, code)] = aborted
             where = starts.get(rank, {})
@@ -139,7 +179,8 @@ def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[
             head = f"rank {rank}{pid} raised an exception and called MPI_Abort with code {code}: {head}"
         return MPILaunchError(f"{head}: {who}\n{detail}", traced, result.output)
     rank = first["rank"]
-    blame = f"rank {rank} (pid {first.get('pid')} on {first.get('host')}) {describe_end(first)}"
+    where = f"pid {first['pid']} on {first.get('host')}" if first.get("pid") else f"on {first.get('host')}"
+    blame = f"rank {rank} ({where}) {describe_end(first)}"
     if rank in traced:  # it raised: its traceback says why
         return MPILaunchError(f"{blame}: {head}: rank(s) {rank} failed\n{_traceback_of(result, rank)}",
                               [rank], result.output)

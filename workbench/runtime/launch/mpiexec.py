@@ -1,4 +1,5 @@
-"""Launch Python programs under ``mpiexec``: batch runs, benchmarks and the MPI tests.
+"""Launch Python programs under ``mpiexec`` (or ``srun`` inside a Slurm allocation): batch runs,
+benchmarks and the MPI tests.
 
 Ranks run ``python -m mpi4py ...`` so that an uncaught exception in any rank calls
 ``MPI_Abort`` and brings the whole job down instead of leaving the others waiting. Each
@@ -7,6 +8,11 @@ that rank's traceback. Each rank runs under a small guard process (:mod:`.rankgu
 records how it ended, so the rank whose process died first is the one named, with its signal
 or exit code. Every launch has a timeout, after which every process of the job is killed;
 SIGINT, SIGTERM and SIGHUP stop the job (cooperatively first) and raise :class:`RunInterrupted`.
+
+``launcher="srun"`` starts the same ranks as a job step of the current Slurm allocation
+(``srun -n N --kill-on-bad-exit=1 --label [srun_args]``): output is told apart by srun's labels
+(which work across nodes), the guards' records name the rank that died, and stopping the job also
+cancels its step (``scancel``), whose tasks are not this process's descendants.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ...checks import integer
+from . import slurm
 from .blame import MPILaunchError, MPIResult, collect_output, failed_ranks, failure, rank_records, tail
 from .shm import remove_orphaned_shm
 from .signals import RunInterrupted, handling_signals
@@ -33,6 +40,14 @@ RANK_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREAD
 
 #: the parent of every rank, which records how the rank ended (run by path: no package import)
 GUARD = Path(__file__).with_name("rankguard.py")
+
+#: how ranks can be started: mpiexec on this machine, or srun inside a Slurm allocation
+LAUNCHER_NAMES = ("mpiexec", "srun")
+
+
+def default_launcher() -> str:
+    """``srun`` inside a Slurm allocation (``SLURM_JOB_ID`` set), else ``mpiexec``."""
+    return "srun" if slurm.in_allocation() else "mpiexec"
 
 
 def find_mpiexec() -> str:
@@ -97,11 +112,27 @@ def mpiexec_command(nranks: int, python_args: Sequence[str], *,
     return cmd + [sys.executable, "-m", "mpi4py", *python_args]
 
 
+def srun_command(nranks: int, python_args: Sequence[str], *, srun_args: Sequence[str] = (),
+                 guard_dir: str | os.PathLike | None = None, name: str | None = None) -> list[str]:
+    """The argv that runs ``python -m mpi4py <python_args>`` as ``nranks`` tasks of a job step
+    (inside an allocation; outside one, srun allocates a job itself): see
+    :func:`workbench.runtime.launch.slurm.srun_command`. ``name``: the step's (or job's) name,
+    by which it is cancelled if srun itself is killed."""
+    integer("nranks", nranks)
+    cmd = slurm.srun_command(nranks, [*([f"--job-name={name}"] if name else []), *srun_args])
+    if guard_dir is not None:
+        cmd += [sys.executable, "-I", str(GUARD), str(guard_dir)]
+    return cmd + [sys.executable, "-m", "mpi4py", *python_args]
+
+
 def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
             env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
             stream: bool = False, on_interrupt: Callable[[], object] | None = None,
-            grace: float = 10.0) -> MPIResult:
+            grace: float = 10.0, launcher: str = "mpiexec", srun_args: Sequence[str] = ()) -> MPIResult:
     """Run ``python -m mpi4py <python_args>`` on ``nranks`` ranks and wait (at most ``timeout`` s).
+
+    ``launcher``: ``"mpiexec"`` (default) or ``"srun"`` (a job step of the current Slurm
+    allocation, with ``srun_args``).
 
     With ``stream=True`` output is also shown as it comes on this process's stdout/stderr (for
     the CLI); it is captured per rank either way.
@@ -119,17 +150,26 @@ def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
     """
     if not timeout > 0:  # NaN as well
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if launcher not in LAUNCHER_NAMES:
+        raise ValueError(f"launcher must be one of {', '.join(LAUNCHER_NAMES)}, got {launcher!r}")
     with tempfile.TemporaryDirectory(prefix="workbench-mpi-", ignore_cleanup_errors=True) as tmp:
         status_dir = Path(tmp) / "ranks"
         status_dir.mkdir()
-        cmd = mpiexec_command(nranks, python_args, output_dir=tmp, guard_dir=status_dir)
+        name = f"workbench-{os.getpid()}-{Path(tmp).name.rsplit('-', 1)[-1]}"  # unique: the temporary folder's
+        if launcher == "srun":
+            cmd = srun_command(nranks, python_args, srun_args=srun_args, guard_dir=status_dir, name=name)
+        else:
+            cmd = mpiexec_command(nranks, python_args, output_dir=tmp, guard_dir=status_dir)
         job = _Job(cmd, rank_environment(env), cwd, stream, Path(tmp), status_dir)
+        outcome = "failed"  # job.wait itself raised
         try:
             outcome = job.wait(timeout, on_interrupt, grace)
         finally:
             job.stop(immediate=True)  # nothing of the job outlives this call, whatever happened
+            if launcher == "srun":
+                _stop_steps(status_dir, name, ended_by_itself=outcome == "exited")
             job.finish_output()
-        result = collect_output(job.launcher_output(), Path(tmp), nranks)
+        result = collect_output(job.launcher_output(), Path(tmp), nranks, labels=launcher == "srun")
         starts, ends = rank_records(status_dir)
     result.returncode = job.proc.returncode
     if outcome != "exited" or result.returncode != 0:
@@ -142,8 +182,50 @@ def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
             f"MPI job on {nranks} ranks ran past its {timeout:g} s timeout and was killed: "
             f"{' '.join(cmd)}\n{tail(result.output)}", failed_ranks(result), result.output)
     if result.returncode != 0:
-        raise failure(nranks, result, starts, ends)
+        raise failure(nranks, result, starts, ends, abort_kills_all=launcher == "srun")
     return result
+
+
+def _stop_steps(status_dir: Path, name: str, ended_by_itself: bool, timeout: float = 15.0) -> None:
+    """After srun has ended: if it was stopped (a timeout, a signal), cancel what it started, by
+    name (its own allocation outside one; its step inside one) and by the steps its ranks' guards
+    recorded; then wait until the ranks on this host have ended (the tasks are children of
+    slurmstepd, not of srun)."""
+    import socket
+
+    import psutil
+    if not ended_by_itself:
+        steps = []
+        if slurm.in_allocation():  # the step of this allocation that srun was running
+            steps = slurm.steps_named(os.environ["SLURM_JOB_ID"], name)
+        slurm.cancel_named(name)  # the allocation srun made for itself, outside one
+        slurm.cancel(steps, signal="KILL")
+    starts, ends = rank_records(status_dir)
+    ended = {e.get("rank") for e in ends}
+    here = socket.gethostname()
+    alive = []
+    for rank, start in starts.items():
+        if rank in ended or start.get("host") != here:
+            continue
+        for pid in (start.get("guard_pid"), start.get("pid")):
+            try:
+                alive.append(psutil.Process(pid))
+            except (psutil.NoSuchProcess, TypeError):
+                pass
+    alive = [p for p in alive if _running(p)]
+    if not alive:
+        return
+    steps = sorted({s["slurm_step"] for s in starts.values() if s.get("slurm_step")})
+    slurm.cancel(steps, signal="KILL")
+    deadline = time.monotonic() + timeout
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if _running(p)]
+    for p in alive:  # not ours to keep: Slurm did not end them in time
+        try:
+            p.kill()
+        except Exception:  # noqa: BLE001 - gone
+            pass
 
 
 class _Job:

@@ -70,6 +70,8 @@ def main(argv: list[str]) -> None:
     for sig in FORWARDED:
         signal.signal(sig, forward)
     base = {"rank": int(rank) if rank.isdigit() else rank, "pid": pid, "guard_pid": guard, "host": host}
+    if os.environ.get("SLURM_STEP_ID"):  # a task of srun: its job step, which the launcher can cancel
+        base["slurm_step"] = f"{os.environ.get('SLURM_JOB_ID')}.{os.environ['SLURM_STEP_ID']}"
     _write(os.path.join(status_dir, f"rank{rank}.start"), base)
     while True:
         try:

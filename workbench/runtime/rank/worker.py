@@ -24,6 +24,7 @@ from mpi4py import MPI
 from ...config import RunConfig
 from ...summary import Summary, build_summary, rank_report
 from ...telemetry import chrome_trace, recording
+from ..launch.blame import NOT_ONE_JOB
 from .context import Context
 
 
@@ -81,6 +82,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resume", type=Path)
     args = parser.parse_args(argv)
     cfg = RunConfig.from_dict(json.loads((args.run_dir / "config.json").read_text()))
+    size = MPI.COMM_WORLD.Get_size()
+    if size != cfg.ranks:  # e.g. srun without a PMI this MPI uses: every task is rank 0 of 1
+        raise SystemExit(f"{NOT_ONE_JOB}: this rank is rank {MPI.COMM_WORLD.Get_rank()} of {size}, "
+                         f"the run has {cfg.ranks} ranks")
     summary = run_rank(cfg, MPI.COMM_WORLD, args.run_dir, args.resume)
     if summary is not None:
         print(json.dumps({k: summary[k] for k in ("algorithm", "final_test_accuracy", "wall_seconds",

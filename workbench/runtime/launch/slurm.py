@@ -1,0 +1,161 @@
+"""Slurm seen from the workbench: job state, cancelling, the MPI plugins ``srun`` offers, and the
+one-line message for ranks that do not form one MPI job.
+
+Used by ``wb.Cluster(engines="slurm")`` (the engines' batch job) and by ``workbench train``
+inside an allocation (ranks started with ``srun``). Only Slurm's client commands (``squeue``,
+``scancel``, ``srun``) are run; everything here is a no-op that returns quickly where they are
+missing. Standard library only.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from typing import Iterable, Sequence
+
+#: states of a job that still holds (or waits for) resources
+ACTIVE_STATES = {"UNKNOWN", "PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING",
+                 "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD", "REQUEUE_FED", "REQUEUE_HOLD"}
+
+#: reasons a pending job keeps while nothing changes in the cluster's configuration: it will never
+#: start (squeue's %r), with what they mean
+NEVER_REASONS = {
+    "PartitionConfig": "more CPUs, nodes or memory than the partition has",
+    "PartitionNodeLimit": "more nodes than the partition allows",
+    "PartitionTimeLimit": "a longer time limit than the partition allows",
+    "BadConstraints": "constraints no node satisfies",
+    "InvalidAccount": "an account that does not exist or is not yours",
+    "InvalidQOS": "a QOS that does not exist or is not yours",
+}
+
+#: what a user passes when srun started every rank as its own singleton
+PMI_HINT = '["--mpi=pmix"] or ["--mpi=pmi2"]'
+
+
+def in_allocation() -> bool:
+    """This process runs inside a Slurm allocation (``salloc``, an ``sbatch`` script, ``srun``)."""
+    return bool(os.environ.get("SLURM_JOB_ID"))
+
+
+def find_srun() -> str:
+    """Path of ``srun``: ``$WORKBENCH_SRUN`` or the first on ``PATH``."""
+    found = os.environ.get("WORKBENCH_SRUN") or shutil.which("srun")
+    if not found:
+        raise FileNotFoundError("srun not found on PATH: load your site's Slurm module, or use --launcher mpiexec")
+    return found
+
+
+def _run(argv: Sequence[str], timeout: float = 15.0) -> subprocess.CompletedProcess | None:
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def job_state(job_id: str) -> tuple[str, str] | None:
+    """``(state, reason)`` of a job (``("PENDING", "Resources")``), or None when Slurm no longer
+    knows it. ``("UNKNOWN", why)`` when ``squeue`` could not tell (not found, timed out, the
+    controller did not answer): counted as active, so a slow controller is not a dead job."""
+    proc = _run(["squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%T|%r"])
+    if proc is None:
+        return "UNKNOWN", "squeue could not be run"
+    if proc.returncode != 0:
+        if "invalid job id" in proc.stderr.lower():
+            return None
+        return "UNKNOWN", " ".join(proc.stderr.split()) or f"squeue exited with code {proc.returncode}"
+    for line in proc.stdout.splitlines():
+        if "|" in line:
+            state, reason = line.strip().split("|", 1)
+            return state, reason
+    return None
+
+
+def job_active(job_id: str) -> bool:
+    state = job_state(job_id)
+    return state is not None and state[0] in ACTIVE_STATES
+
+
+def cancel(job_ids: Iterable[str], signal: str | None = None) -> None:
+    """``scancel`` the jobs (or steps, ``JOB.STEP``); one that has ended already is not an error."""
+    ids = [str(j) for j in job_ids if j]
+    if ids:
+        _run(["scancel", *(["-s", signal] if signal else []), *ids])
+
+
+def cancel_named(name: str) -> None:
+    """``scancel --name``: the jobs called ``name`` (one that srun allocated for itself)."""
+    if name:
+        _run(["scancel", f"--name={name}"])
+
+
+def steps_named(job_id: str, name: str) -> list[str]:
+    """The steps (``JOB.STEP``) of a job that are called ``name``."""
+    proc = _run(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i|%j"])
+    if proc is None or proc.returncode != 0:
+        return []
+    return [line.split("|", 1)[0].strip() for line in proc.stdout.splitlines()
+            if "|" in line and line.split("|", 1)[1].strip() == name]
+
+
+def wait_gone(job_ids: Iterable[str], timeout: float = 15.0) -> list[str]:
+    """Wait until the jobs have left ``squeue``'s active states; returns those still there."""
+    left = [str(j) for j in job_ids if j]
+    if not shutil.which("squeue"):
+        return left
+    deadline = time.monotonic() + timeout
+    while left:
+        left = [j for j in left if job_active(j)]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    return left
+
+
+def mpi_plugins() -> list[str]:
+    """What ``srun --mpi=list`` offers here (``["none", "pmi2", "cray_shasta"]``), [] if unknown."""
+    try:
+        srun = find_srun()
+    except FileNotFoundError:
+        return []
+    proc = _run([srun, "--mpi=list"])
+    if proc is None:
+        return []
+    names = []
+    for line in (proc.stdout + proc.stderr).splitlines():
+        line = line.strip()
+        m = re.match(r"^(?:srun:\s*)?([A-Za-z0-9_]+)$", line)
+        if m and m.group(1).lower() not in ("srun",):
+            names.append(m.group(1))
+        for version in re.findall(r"\b(pmix_v\d+)\b", line):  # "specific pmix plugin versions available: pmix_v4"
+            if version not in names:
+                names.append(version)
+    return names
+
+
+def not_one_job_message(count: int, sizes: Sequence[int], option: str) -> str:
+    """One line for engines or ranks that srun started as singletons (each rank 0 of 1):
+    ``option`` is how the user passes srun arguments (``srun_args=`` or ``--srun-args``)."""
+    offered = mpi_plugins()
+    where = (f"`srun --mpi=list` offers here: {', '.join(offered)}" if offered
+             else "`srun --mpi=list` shows what this cluster offers")
+    hint = (f"pass srun_args={PMI_HINT}" if option == "srun_args"
+            else "pass --srun-args=--mpi=pmix or --srun-args=--mpi=pmi2")
+    size = f"of size {sorted(set(sizes))[0]}" if len(set(sizes)) == 1 else f"of sizes {sorted(set(sizes))}"
+    return (f"srun started {count} ranks that are not one MPI job (each is rank 0 {size}): srun gave "
+            f"them no process-management interface this MPI library uses; {hint} ({where})")
+
+
+def srun_command(nranks: int, srun_args: Sequence[str] = ()) -> list[str]:
+    """``srun -n N`` for a job step inside the allocation: every task is killed when one fails
+    (as mpiexec does), output labelled with the task's rank; ``srun_args`` come last so a user's
+    choice wins."""
+    return [find_srun(), "-n", str(nranks), "--kill-on-bad-exit=1", "--label", *srun_args]
+
+
+def split_args(text: str | None) -> list[str]:
+    """``--srun-args "--mpi=pmi2 --exclusive"`` as a list."""
+    return shlex.split(text) if text else []
