@@ -63,7 +63,7 @@ slurm-down: venv
 	$(BIN)/python -m workbench.runtime.launch.slurm_local down --root $(SLURM_ROOT)
 
 test-fast: venv
-	$(BIN)/python -m pytest -q -m "not mpi"
+	$(BIN)/python -m pytest -q -m "not mpi and not slurm"
 
 # Runs and the store stay under the repository's data/, whichever directory a notebook runs in.
 lab: venv

@@ -71,7 +71,11 @@ def test_the_design_facade_still_works():
 
 
 #: modules allowed over the house's ~400 lines, with the reason
-LONG_MODULES: dict[str, str] = {}
+LONG_MODULES: dict[str, str] = {
+    "workbench/runtime/client/cluster.py": "wb.Cluster: one class owns the engines' whole lifecycle (start, health, "
+                                           "restart, stop) for local and Slurm engines; the Slurm job watching "
+                                           "(issue 15) made it 485 lines; to split: the Slurm watch into launch/slurm.py",
+}
 
 
 def test_no_module_is_over_400_lines_without_a_reason():
