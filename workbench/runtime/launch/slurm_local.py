@@ -142,8 +142,9 @@ class LocalSlurm:
     @property
     def pids(self) -> dict[str, int]:
         """The daemons' pids, from their pid files."""
-        files = {name: self.root / f"{name}.pid" for name in DAEMONS}
-        return {name: int(f.read_text()) for name, f in files.items() if f.exists()}
+        texts = {name: (self.root / f"{name}.pid") for name in DAEMONS}
+        texts = {name: f.read_text().strip() if f.exists() else "" for name, f in texts.items()}
+        return {name: int(text) for name, text in texts.items() if text.isdigit()}
 
     def log(self, name: str) -> Path:
         return self.root / "log" / f"{name}.log"    # munged logs to munged.out (it runs with -F)
@@ -351,11 +352,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.cmd == "down":
         pid = _up_pid(root)
-        if pid:
-            os.kill(pid, signal.SIGTERM)
-            deadline = time.monotonic() + 60
-            while _alive(pid) and time.monotonic() < deadline:
-                time.sleep(0.1)
+        _kill([pid] if pid else [], timeout=60)     # `up` stops its Slurm on SIGTERM
         conf = (root / "slurm.conf").read_text() if (root / "slurm.conf").exists() else ""
         left = leftover_pids(root, conf.split("ClusterName=", 1)[-1].split()[0] if conf else None)
         _kill(left, timeout=5)       # what an `up` killed with SIGKILL left behind
