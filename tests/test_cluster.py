@@ -128,12 +128,18 @@ def test_cancel_stops_the_ranks_and_keeps_the_cluster(cluster, tmp_path, algorit
 
 
 def test_keyboard_interrupt_in_wait_cancels_the_run(cluster, tmp_path):
-    run = cluster.train(RunConfig(algorithm="sync-sgd", ranks=4, epochs=500), tmp_path / "k", store=False)
-    while len(run.history) < 10:
-        time.sleep(0.05)
-    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
-    with pytest.raises(KeyboardInterrupt):
-        run.wait(timeout=60)
+    # A kernel turns SIGINT into KeyboardInterrupt; a test session started as a background job
+    # (`make test &`, a CI runner) inherits SIGINT ignored, so say what a kernel has
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        run = cluster.train(RunConfig(algorithm="sync-sgd", ranks=4, epochs=500), tmp_path / "k", store=False)
+        while len(run.history) < 10:
+            time.sleep(0.05)
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            run.wait(timeout=60)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert run.done() and run.status == "cancelled"
 
 
