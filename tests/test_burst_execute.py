@@ -123,3 +123,22 @@ def test_the_launching_process_never_imports_mpi4py():
             "0, 0, 2), 'mlp', 2); assert 'mpi4py' not in sys.modules, 'imported'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_the_reference_is_plain_torch_sgd_on_the_mean_loss():
+    # the executed plans are checked against reference(); reference() itself against torch.optim.SGD
+    # on F.cross_entropy's mean over the global batch, the same initial weights and batches
+    import torch
+    import torch.nn.functional as F
+
+    from workbench.burst.execute import batches
+    from workbench.models import build
+    torch.manual_seed(3)
+    model = build("mlp", 64, 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for X, y in batches(16, 5, 3):
+        opt.zero_grad()
+        F.cross_entropy(model(X), y).backward()
+        opt.step()
+    expected = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+    np.testing.assert_allclose(reference("mlp", 16, 5, 0.1, 3, momentum=0.9), expected, rtol=0, atol=1e-6)

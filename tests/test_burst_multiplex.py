@@ -226,7 +226,6 @@ def test_bad_plans():
 
 
 def test_fill_figure():
-    pytest.importorskip("plotly")
     r = simulate(demo(), 10.3, iterations=2)
     fig = fill_figure(r)
     names = [t.name for t in fig.data]

@@ -300,11 +300,12 @@ def test_cli_writes_the_plan_json(tmp_path, capsys):
 
 
 def test_cli_deeppool_branch(tmp_path):
-    pytest.importorskip("workbench.burst.deeppool")
+    from workbench.burst.deeppool import plan_deeppool
     out = tmp_path / "plan.json"
     assert main(["plan", "--model", "vgg16", "--batch", "32", "--gpus", "8", "--amplification", "2",
                  "--cost-model", "deeppool", "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["cost_model"] == "deeppool"
+    expected = plan_deeppool(load_model("vgg16"), load_profile("vgg16"), 32, 8, amplification=2.0)
+    assert json.loads(out.read_text()) == json.loads(json.dumps(expected.to_dict()))
 
 
 def test_cli_calibrated_network(tmp_path):

@@ -105,10 +105,7 @@ def _inputs(args):
 def _plan(args, model, table, shipped):
     amplification = math.inf if args.data_parallel else args.amplification
     if args.cost_model == "deeppool":
-        try:
-            from ..burst.deeppool import plan_deeppool
-        except ImportError as exc:
-            raise ValueError(f"the deeppool cost model is not available here ({exc})") from None
+        from ..burst.deeppool import plan_deeppool
         options = {}
         if args.calibration:
             from ..burst.costs import calibrate_file
