@@ -44,16 +44,6 @@ def label(limit) -> str:
     return "dp" if limit == "dp" else ("inf" if math.isinf(limit) else f"{limit:g}")
 
 
-def background_step_ms(model, table, batch: int) -> float:
-    """One GPU's training step of ``model`` at ``batch`` samples: the table's layer times summed
-    (layers without rows cost nothing, as in the paper-scale cost model)."""
-    total = 0.0
-    for layer in model.layers:
-        row = table.get(layer, batch)
-        total += row.avg_us if row is not None else 0.0
-    return total / 1000
-
-
 def planning_seconds(model, table, batch: int, gpus: int, repeats: int = 5) -> dict:
     from workbench.burst.deeppool import plan_deeppool
     from workbench.burst.planner import plan
@@ -120,7 +110,7 @@ def main() -> None:
 
     from workbench.burst.deeppool import plan_deeppool
     from workbench.burst.graph import BurstError, load_model, load_profile
-    from workbench.burst.multiplex import simulate
+    from workbench.burst.multiplex import background_step_ms, simulate
     from workbench.burst.planner import plan
 
     started, load_before = time.time(), os.getloadavg()
@@ -173,6 +163,7 @@ def main() -> None:
     def ms(v):
         return "-" if v is None else f"{v:.2f}"
     print(f"\nplans (iteration ms / GPU ms / GPUs used); dp = data parallelism; B = global batch")
+    by_key = {(x["model"], x["batch"], x["gpus"], x["cost_model"], x["limit"]): x for x in rows}
     for cost_model in ("workbench", "deeppool"):
         table_rows = []
         for name in models:
@@ -180,8 +171,7 @@ def main() -> None:
                 for gpus in gpus_list:
                     cells = []
                     for limit in (*LIMITS, "dp"):
-                        r = next(x for x in rows if (x["model"], x["batch"], x["gpus"], x["cost_model"], x["limit"])
-                                 == (name, batch, gpus, cost_model, label(limit)))
+                        r = by_key[(name, batch, gpus, cost_model, label(limit))]
                         cells.append("-" if "error" in r else
                                      f"{r['iteration_ms']:.2f} / {r['gpu_ms']:.1f} / {r['gpus_used']}")
                     table_rows.append([name, batch, gpus, *cells])

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import statistics
 import sys
 import time
@@ -47,12 +46,8 @@ def worker(args) -> None:
 
     t_ours = timed(ours.step, args.steps)
 
-    port = None
-    if comm.Get_rank() == 0:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-    port = comm.bcast(port)
+    from workbench.runtime.launch.ports import free_port
+    port = comm.bcast(free_port() if comm.Get_rank() == 0 else None)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(),
                             world_size=comm.Get_size())
     torch.manual_seed(cfg.seed)

@@ -103,13 +103,16 @@ def ddp_traffic(shapes: list[tuple[int, ...]], ranks: int, hook: str | None, ran
     ``dense`` (plain, and PowerSGD before its start), ``steady`` (with the hook, after it)."""
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
 
-    ring = 2 * (ranks - 1) / ranks if ranks > 1 else 0.0
+    from workbench.netsim.costs import wire_bytes
+
+    def ring(nbytes):
+        return wire_bytes("ring", ranks, nbytes)
     params = sum(math.prod(s) for s in shapes)
-    dense = ring * 4 * params
+    dense = ring(4 * params)
     if hook is None:
         return {"dense": dense, "steady": dense, "floats_steady": params}
     if hook in ("fp16", "bf16"):
-        return {"dense": dense, "steady": ring * 2 * params, "floats_steady": params}
+        return {"dense": dense, "steady": ring(2 * params), "floats_steady": params}
     floats = 0  # PowerSGD: as powerSGD_hook splits a bucket (tensor.view(shape[0], -1))
     for shape in shapes:
         n = shape[0] if shape else 1
@@ -117,7 +120,7 @@ def ddp_traffic(shapes: list[tuple[int, ...]], ranks: int, hook: str | None, ran
         r = min(n, m, rank)
         compress, uncompressed, compressed = _should_compress(n, m, r, 2)  # PowerSGDState's default
         floats += compressed if compress else uncompressed
-    return {"dense": dense, "steady": ring * 4 * floats, "floats_steady": floats}
+    return {"dense": dense, "steady": ring(4 * floats), "floats_steady": floats}
 
 
 def ddp_worker(run_dir: Path) -> None:

@@ -66,7 +66,8 @@ def build(name: str, num_features: int, num_classes: int) -> nn.Module:
                      f"got {name!r}")
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """``Type: first line of the message``: an error of the user's code in one line."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
@@ -79,7 +80,7 @@ def _factory(name: str):
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - a module that raises while importing is as bad as a missing one
-        raise ValueError(f"model {name!r}: cannot import {module_name!r}: {_one_line(exc)}") from None
+        raise ValueError(f"model {name!r}: cannot import {module_name!r}: {one_line(exc)}") from None
     if not callable(getattr(module, attr, None)):
         raise ValueError(f"model {name!r}: {module_name} has no function {attr!r}")
     return getattr(module, attr)
@@ -121,7 +122,7 @@ def check_model(name: str, feature_shape: tuple[int, ...], num_classes: int) -> 
             model = factory(num_features, num_classes)
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"model {name!r}: {name}({num_features}, {num_classes}) raised "
-                             f"{_one_line(exc)}") from None
+                             f"{one_line(exc)}") from None
         if not isinstance(model, torch.nn.Module):
             raise ValueError(f"model {name!r} returned {type(model).__name__}, not a torch.nn.Module")
         try:
@@ -129,7 +130,7 @@ def check_model(name: str, feature_shape: tuple[int, ...], num_classes: int) -> 
                 out = model(torch.zeros((2, *feature_shape)))
         except Exception as exc:  # noqa: BLE001
             raise ValueError(f"model {name!r}: its input does not fit the data (samples of shape "
-                             f"{feature_shape}, {num_features} features): {_one_line(exc)}") from None
+                             f"{feature_shape}, {num_features} features): {one_line(exc)}") from None
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"model {name!r}: output must be (batch, {num_classes}) class scores for the "
@@ -137,7 +138,8 @@ def check_model(name: str, feature_shape: tuple[int, ...], num_classes: int) -> 
 
 
 class FlatParams:
-    """All trainable parameters of ``module`` as views into one contiguous float32 tensor.
+    """All trainable parameters of ``module`` as views into one contiguous tensor of their dtype
+    (float32 unless the module was converted).
 
     ``data`` holds the weights and ``grad`` the gradients; both are single buffers that MPI can
     send in one message. Gradients must be cleared with :meth:`zero_grad` (which keeps the
@@ -148,8 +150,9 @@ class FlatParams:
         import torch
         self.params = [p for p in module.parameters() if p.requires_grad]
         total = sum(p.numel() for p in self.params)
-        self.data = torch.empty(total)
-        self.grad = torch.zeros(total)
+        dtype = self.params[0].dtype if self.params else torch.float32
+        self.data = torch.empty(total, dtype=dtype)
+        self.grad = torch.zeros(total, dtype=dtype)
         self.bounds = []
         offset = 0
         with torch.no_grad():

@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..checks import integer
 from ..netsim.profile import LayerProfile, profile_table
 
 #: statistics a layer's repetitions can be summarised with
@@ -79,10 +80,8 @@ def _summary(values: Sequence[float], statistic: str) -> float:
 
 
 def _check(repeats: int, warmup: int, statistic: str) -> None:
-    if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
-        raise LayerProfileError(f"repeats must be an integer >= 1; got {repeats!r}")
-    if not isinstance(warmup, int) or isinstance(warmup, bool) or warmup < 0:
-        raise LayerProfileError(f"warmup must be an integer >= 0; got {warmup!r}")
+    integer("repeats", repeats, 1, LayerProfileError)
+    integer("warmup", warmup, 0, LayerProfileError)
     if statistic not in STATISTICS:
         raise LayerProfileError(f"statistic must be one of {', '.join(STATISTICS)}; got {statistic!r}")
 

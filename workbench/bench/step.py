@@ -33,13 +33,14 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..checks import integer
 from ..netsim.profile import LayerProfile
 from .layers import (DEFAULT_REPEATS, DEFAULT_WARMUP, LayerProfileError, _builtin, _check, _profile, _summary,
                      _timed)
@@ -75,10 +76,11 @@ def cast_phase(wire_dtype: str, ranks: int) -> Callable:
     cast to the wire dtype, check finite; after the all-reduce, cast back, unscale, check finite.
     The predictor has no term for them (its network model moves bytes only)."""
     from ..comm.options import WIRE_DTYPES
+    from ..comm.strategies import INITIAL_LOSS_SCALE
     if wire_dtype not in WIRE_DTYPES or wire_dtype == "fp32":
         raise LayerProfileError(f"wire_dtype must be fp16 or bf16; got {wire_dtype!r}")
     dtype = getattr(torch, WIRE_DTYPES[wire_dtype])
-    scale = 2.0 ** 12 if wire_dtype == "fp16" else 1.0
+    scale = INITIAL_LOSS_SCALE if wire_dtype == "fp16" else 1.0
 
     def make(flat):
         tensor = flat.grad
@@ -181,15 +183,13 @@ class StepProfile:
 
     def scaled(self, factor: float) -> "StepProfile":
         """Every compute time times ``factor`` (e.g. ranks / cores for oversubscribed ranks)."""
-        layers = [LayerProfile(l.name, l.parameters, l.forward_s * factor, l.backward_s * factor, l.tensors)
-                  for l in self.layers]
-        return StepProfile(self.model, self.dataset, self.batch_size, layers, self.update_s * factor,
-                           {k: v * factor for k, v in self.wire_cast_s.items()}, self.evaluate_s * factor,
-                           self.processes, self.statistic, self.repeats, self.skew_s * factor, self.lockstep)
+        return replace(self, layers=[replace(l, forward_s=l.forward_s * factor, backward_s=l.backward_s * factor)
+                                     for l in self.layers],
+                       update_s=self.update_s * factor, wire_cast_s={k: v * factor for k, v in self.wire_cast_s.items()},
+                       evaluate_s=self.evaluate_s * factor, skew_s=self.skew_s * factor, per_process=[])
 
     def to_dict(self) -> dict:
-        out = asdict(self)
-        out["layers"] = [asdict(l) for l in self.layers]
+        out = asdict(self)   # the layers too
         out.update(parameters=self.parameters, forward_s=self.forward_s, backward_s=self.backward_s)
         return out
 
@@ -295,8 +295,7 @@ def profile_step(name: str, batch_size: int = 32, *, dataset: str = "digits", pr
     """
     statistic = statistic or ("median" if processes == 1 else "mean")
     _check(repeats, warmup, statistic)
-    if not isinstance(processes, int) or isinstance(processes, bool) or processes < 1:
-        raise LayerProfileError(f"processes must be an integer >= 1; got {processes!r}")
+    integer("processes", processes, 1, LayerProfileError)
     if lockstep and processes < 2:
         raise LayerProfileError(f"lockstep needs processes >= 2 (ranks that wait for each other); got {processes}")
     args = (name, batch_size, dataset, repeats, warmup, statistic, tuple(wire_dtypes), ranks)

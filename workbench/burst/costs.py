@@ -60,6 +60,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from ..checks import integer
 from .graph import BurstError, Layer, ModelGraph, ProfileTable
 
 #: the published planner's link bandwidth, bytes per microsecond ("2128 Gbps")
@@ -144,8 +145,7 @@ class CostModel:
             raise BurstError(f"cost model: missing must be one of {', '.join(MISSING)}; got {self.missing!r}")
         if self.batchnorm not in ("auto", True, False):
             raise BurstError(f"cost model: batchnorm must be 'auto', True or False; got {self.batchnorm!r}")
-        if not (isinstance(self.bytes_per_value, int) and self.bytes_per_value >= 1):
-            raise BurstError(f"cost model: bytes_per_value must be an integer >= 1; got {self.bytes_per_value!r}")
+        integer("cost model: bytes_per_value", self.bytes_per_value, 1, BurstError)
         if not (isinstance(self.exempt_us, (int, float)) and self.exempt_us >= 0):
             raise BurstError(f"cost model: exempt_us must be a number >= 0; got {self.exempt_us!r}")
         for name in ("transfer_latency_us", "transfer_bandwidth"):
@@ -176,8 +176,12 @@ class CostModel:
         ``workbench bench allreduce --json`` file (fitted on a bus of its ranks, as ``workbench
         calibrate`` does), through :func:`workbench.netsim.costs.from_calibration`."""
         from ..netsim import costs
+        from ..netsim.calibration import calibrate_file
         if isinstance(calibration, (str, Path)):
-            calibration = calibrate_file(calibration)
+            try:
+                calibration = calibrate_file(calibration)
+            except (OSError, ValueError) as exc:
+                raise BurstError(f"calibration: {calibration}: {exc}") from None
         try:
             network = costs.from_calibration(calibration, collective)
         except costs.CostError as exc:
@@ -211,7 +215,7 @@ class CostModel:
         found = table.get(layer, per_gpu_batch)
         if found is not None:
             return found.avg_us
-        have = _batches(table, layer)
+        have = table.batches(layer)
         if not have:
             if unprofiled_type and self.missing == "zero":
                 return 0.0
@@ -266,33 +270,10 @@ class CostModel:
         return BoundCosts(self, model, table, batch)
 
 
-def calibrate_file(path: str | Path):
-    """A :class:`~workbench.netsim.calibration.Calibration` of a bench JSON on a bus of its ranks."""
-    import json
-
-    from ..netsim.calibration import CalibrationError, calibrate
-    from ..network import topology
-    path = Path(path)
-    try:
-        ranks = int(json.loads(path.read_text()).get("ranks", 4))
-        return calibrate(path, topology.bus(ranks))
-    except (OSError, ValueError, CalibrationError) as exc:
-        raise BurstError(f"calibration: {path}: {exc}") from None
-
-
 def _out_channels(layer: Layer) -> int:
     if "out_channels" in layer.params:
         return int(layer.params["out_channels"])
     return int(layer.output_dim[0]) if isinstance(layer.output_dim, tuple) else int(layer.output_dim)
-
-
-def _batches(table: ProfileTable, layer: Layer) -> tuple[int, ...]:
-    """``table.batches(layer)``, cached on the table (keyed by its size: rows added renew it)."""
-    cache = table.__dict__.setdefault("_batches_cache", {})
-    key = (len(table), layer.key_prefix, layer.key_suffix)
-    if key not in cache:
-        cache[key] = table.batches(layer)
-    return cache[key]
 
 
 @dataclass
@@ -306,7 +287,7 @@ class BoundCosts:
     _cache: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        profiled = {l.type for l in self.model.layers if _batches(self.table, l)}
+        profiled = {l.type for l in self.model.layers if self.table.batches(l)}
         self.unprofiled = {l.type for l in self.model.layers} - profiled
 
     def compute(self, lid: int, g: int) -> float:

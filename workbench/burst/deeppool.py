@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 
+from ..checks import integer
 from .graph import BurstError, Layer, ModelGraph, ProfileTable
 from .plan import LayerPlan, Plan, Transfer, sample_ranges
 
@@ -346,8 +347,7 @@ class _Search:
 
 
 def _check(batch, gpus, amplification, data_parallel, bandwidth, latency_us) -> None:
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise BurstError(f"batch must be an integer >= 1; got {batch!r}")
+    integer("batch", batch, 1, BurstError)
     if isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1 or gpus & (gpus - 1):
         raise BurstError(f"gpus must be a power of two >= 1 (1, 2, 4, 8, ...); got {gpus!r}")
     if not isinstance(amplification, (int, float)) or not amplification > 1:

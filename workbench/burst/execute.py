@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import tempfile
@@ -44,7 +43,6 @@ _FWD, _BWD = 1, 2  # tag = kind + 4 * boundary
 #: keyword options of :func:`run_plan` and :func:`execute`, with their defaults
 OPTIONS = {"lr": 0.05, "seed": 0, "momentum": 0.0, "warmup": 3, "dtype": "float32", "wait_timeout": 60.0,
            "fail": None}
-_yield_cpu = getattr(os, "sched_yield", lambda: time.sleep(0))
 #: a wait spins (yielding) this long, then naps between polls: waiting ranks leave the cores to busy
 #: ones when ranks outnumber cores (4 ranks, 2 cores: cnn all at 1 took 8 ms spinning, 2.6 napping)
 SPIN_S, NAP_S = 2e-4, 5e-5
@@ -65,8 +63,7 @@ Segment = namedtuple("Segment", "first last ranks samples")
 def segments(plan: Plan, model_name: str, nranks: int) -> list[Segment]:
     """The plan checked against the model and ``nranks`` (else :class:`BurstError` naming the
     layer), as segments. Missing ``samples`` are the equal shares of :func:`sample_ranges`."""
-    if not isinstance(plan.batch, int) or plan.batch < 1:
-        raise BurstError(f"plan batch must be an integer >= 1; got {plan.batch!r}")
+    integer("plan batch", plan.batch, 1, BurstError)
     from ..models import build
     n = len(build(model_name, NUM_FEATURES, NUM_CLASSES))
     layers = sorted(plan.layers, key=lambda l: l.id)
@@ -114,17 +111,6 @@ def _model(model_name: str, seed: int, dtype: str):
     return build(model_name, NUM_FEATURES, NUM_CLASSES).to(getattr(torch, dtype))
 
 
-def _flatten(module):
-    """``(data, grad)``: ``module``'s parameters (and gradients) as views of two flat tensors."""
-    import torch
-    params = [p for p in module.parameters() if p.requires_grad]
-    data = torch.cat([p.detach().reshape(-1) for p in params]) if params else torch.zeros(0)
-    grad, sizes = torch.zeros_like(data), [p.numel() for p in params]
-    for p, d, g in zip(params, data.split(sizes), grad.split(sizes)):
-        p.data, p.grad = d.view_as(p), g.view_as(p)
-    return data, grad
-
-
 def _sgd(data, grad, buf, lr: float, momentum: float) -> None:
     """``torch.optim.SGD`` (no dampening, no weight decay) on flat tensors."""
     if momentum:
@@ -141,15 +127,21 @@ def reference(model_name: str, batch: int, steps: int, lr: float, seed: int, *, 
               dtype: str = "float32") -> np.ndarray:
     """The final flat weights of one process on the whole global batch (init, batches, SGD as run_plan)."""
     import torch
+
+    from ..models import FlatParams
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    model = _model(model_name, seed, dtype)
-    data, grad = _flatten(model)
-    buf = torch.zeros_like(data)
-    for X, y in batches(batch, steps, seed, dtype):
-        grad.zero_()
-        _loss(model(X), y, batch).backward()
-        _sgd(data, grad, buf, lr, momentum)
-    return data.numpy().copy()
+    try:
+        model = _model(model_name, seed, dtype)
+        flat = FlatParams(model)
+        buf = torch.zeros_like(flat.data)
+        for X, y in batches(batch, steps, seed, dtype):
+            flat.zero_grad()
+            _loss(model(X), y, batch).backward()
+            _sgd(flat.data, flat.grad, buf, lr, momentum)
+        return flat.data.numpy().copy()
+    finally:
+        torch.set_num_threads(threads)   # the caller's (a notebook's) own setting
 
 
 # -- rank side --------------------------------------------------------------------------------
@@ -176,6 +168,8 @@ def _wait(pairs, timeout: float, me: int, what: str) -> None:
     """Poll ``(request, peer)`` pairs until all complete; ``TimeoutError`` naming the peers still
     pending after ``timeout`` s."""
     from mpi4py import MPI
+
+    from ..comm.nonblocking import yield_cpu
     if not pairs:
         return
     requests, start = [r for r, _ in pairs], time.monotonic()
@@ -185,7 +179,7 @@ def _wait(pairs, timeout: float, me: int, what: str) -> None:
             pending = sorted({str(p) for r, p in pairs if not r.Test()})
             raise TimeoutError(f"rank {me}: {what} did not complete within {timeout:g} s; "
                                f"still waiting on rank(s) {', '.join(map(str, pending))}")
-        _yield_cpu() if now - start < SPIN_S else time.sleep(NAP_S)
+        yield_cpu() if now - start < SPIN_S else time.sleep(NAP_S)
 
 
 def _move(comm, route, src_rows, rows: int, shape, dtype, tag: int, timeout: float, what: str):
@@ -217,6 +211,8 @@ def run_plan(plan: Plan, model_name: str, steps: int, lr: float = 0.05, seed: in
     injects a failure."""
     import torch
     from mpi4py import MPI
+
+    from ..models import FlatParams
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD if comm is None else comm
     me, size = comm.Get_rank(), comm.Get_size()
@@ -237,8 +233,8 @@ def run_plan(plan: Plan, model_name: str, steps: int, lr: float = 0.05, seed: in
             subs[s.ranks] = sub if me in s.ranks else None
     mine = [k for k, s in enumerate(segs) if me in s.ranks]
     modules = {k: model[segs[k].first:segs[k].last + 1] for k in mine}  # Sequential slices share the layers
-    flats = {k: _flatten(modules[k]) for k in mine}  # (weights, gradients) as flat tensors
-    bufs = {k: torch.zeros_like(flats[k][0]) for k in mine}
+    flats = {k: FlatParams(modules[k]) for k in mine}  # weights and gradients as flat tensors
+    bufs = {k: torch.zeros_like(flats[k].data) for k in mine}
     starts, stops = zip(*[s.samples[s.ranks.index(me)] if me in s.ranks else (0, 0) for s in segs])
     rows = [b - a for a, b in zip(starts, stops)]
     routes = [None] + [(_route(me, segs[k - 1], segs[k]), _route(me, segs[k], segs[k - 1])) for k in range(1, last + 1)]
@@ -276,8 +272,8 @@ def run_plan(plan: Plan, model_name: str, steps: int, lr: float = 0.05, seed: in
                 elif out.requires_grad:  # d(sum(out * grad))/d(out) is grad, exactly; out.backward(grad)
                     (out * grad).sum().backward()  # would import sympy (1.4 s a process, torch 2.13)
                 grad = x.grad if k > 0 else None
-                if subs.get(segs[k].ranks) is not None and flats[k][1].numel():
-                    request = subs[segs[k].ranks].Iallreduce(MPI.IN_PLACE, flats[k][1].numpy(), op=MPI.SUM)
+                if subs.get(segs[k].ranks) is not None and flats[k].grad.numel():
+                    request = subs[segs[k].ranks].Iallreduce(MPI.IN_PLACE, flats[k].grad.numpy(), op=MPI.SUM)
                     reductions.append((request, "/".join(map(str, segs[k].ranks))))  # any member may be late
                 lap(1)
             if k > 0:
@@ -287,12 +283,12 @@ def run_plan(plan: Plan, model_name: str, steps: int, lr: float = 0.05, seed: in
         _wait(reductions, wait_timeout, me, f"gradient all-reduce at step {step}")
         lap(3)
         for k in mine:
-            _sgd(*flats[k], bufs[k], lr, momentum)
-            flats[k][1].zero_()
+            _sgd(flats[k].data, flats[k].grad, bufs[k], lr, momentum)
+            flats[k].zero_grad()
         for key, v in zip(times, (time.perf_counter() - clock[0], *clock[1:])):
             times[key].append(v * 1e3)
     record = {"rank": me, "losses": losses, "times": times,
-              "weights": {k: flats[k][0].numpy().copy() for k in mine if flats[k][0].numel()}}
+              "weights": {k: flats[k].data.numpy().copy() for k in mine if flats[k].numel}}
     _wait([(comm.Ibarrier(), f"0..{size - 1}")], wait_timeout, me, "the final barrier")
     everyone = comm.gather(record, root=0)  # every rank is here: cannot hang
     for sub in [*subs.values(), comm]:

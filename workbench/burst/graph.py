@@ -68,10 +68,6 @@ class Layer:
         """Activation values per sample leaving this layer."""
         return _elements(self.output_dim)
 
-    @property
-    def input_elements(self) -> int:
-        return _elements(self.input_dim)
-
     def to_dict(self) -> dict:
         return {"id": self.id, "type": self.type, "params": self.params, "prev": list(self.prev),
                 "next": list(self.next), "inputDim": _dim_out(self.input_dim), "outputDim": _dim_out(self.output_dim),
@@ -203,6 +199,10 @@ class ProfileTable:
 
     entries: dict[str, LayerTime] = field(default_factory=dict)
     source: str = ""
+    #: (key prefix, suffix) -> measured batches, for the table's current size (a new key renews it;
+    #: a row replaced in place keeps the same batches)
+    _batches: dict = field(default_factory=dict, repr=False, compare=False)
+    _batches_size: int = field(default=-1, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -221,6 +221,14 @@ class ProfileTable:
 
     def batches(self, layer: Layer) -> tuple[int, ...]:
         """Per-GPU batch sizes with a row for ``layer``, ascending."""
+        if self._batches_size != len(self.entries):
+            self._batches, self._batches_size = {}, len(self.entries)
+        key = (layer.key_prefix, layer.key_suffix)
+        if key not in self._batches:
+            self._batches[key] = self._scan(layer)
+        return self._batches[key]
+
+    def _scan(self, layer: Layer) -> tuple[int, ...]:
         head, tail = layer.key_prefix + "[", "]" + layer.key_suffix
         out = []
         for key in self.entries:

@@ -33,6 +33,7 @@ import torch.fx as fx
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ..models import one_line
 from .graph import BurstError, Layer, ModelGraph
 
 #: DeepPool writes these constants into every ReLU row's params
@@ -189,11 +190,6 @@ def modes(model: nn.Module, train: bool):
             m.training = mode
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
 def check_shape(input_shape) -> tuple[int, ...]:
     """One sample's shape as a tuple of ints >= 1 (an int: a 1-D sample); else BurstError."""
     shape = (input_shape,) if isinstance(input_shape, int) else input_shape
@@ -272,7 +268,7 @@ def _chain(model: nn.Sequential, x: torch.Tensor) -> list[tuple]:
             x = m(x)
         except Exception as exc:  # noqa: BLE001 - any failure of the user's module
             raise BurstError(f"layer {i} ({type(m).__name__}) fails on a batch of per-sample shape {in_shape}: "
-                             f"{_one_line(exc)}") from None
+                             f"{one_line(exc)}") from None
         specs.append((m, m, [i - 1] if i else [], in_shape, _shape(x), *module_kind(m, in_shape)))
     if not specs:
         raise BurstError("model is an empty nn.Sequential: no layer")
@@ -285,7 +281,7 @@ def _traced(model: nn.Module, x: torch.Tensor, leaves: tuple[type, ...], name: s
     try:
         gm = fx.GraphModule(model, tracer.trace(model), type(model).__name__)
     except Exception as exc:  # noqa: BLE001 - fx raises many kinds
-        raise BurstError(f"model {name!r} ({type(model).__name__}) cannot be traced by torch.fx ({_one_line(exc)}); "
+        raise BurstError(f"model {name!r} ({type(model).__name__}) cannot be traced by torch.fx ({one_line(exc)}); "
                          "make it an nn.Sequential whose children are the layers, or name its untraceable "
                          "blocks in leaf_modules") from None
     rec = _Record(gm)
@@ -293,7 +289,7 @@ def _traced(model: nn.Module, x: torch.Tensor, leaves: tuple[type, ...], name: s
         rec.run(x)
     except Exception as exc:  # noqa: BLE001
         raise BurstError(f"model {name!r} fails on a batch of per-sample shape {tuple(x.shape[1:])}: "
-                         f"{_one_line(exc)}") from None
+                         f"{one_line(exc)}") from None
     kind, shape = ({n: v[i] for n, v in rec.values.items()} for i in (0, 1))
     inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(inputs) != 1:

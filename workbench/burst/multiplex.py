@@ -74,6 +74,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from ..checks import integer
 from .graph import BurstError
 from .plan import Plan
 
@@ -295,6 +296,12 @@ class _Sim:
         assert not self.bg
 
 
+def background_step_ms(model, table, batch: int) -> float:
+    """One GPU's data-parallel-free training step of ``model`` at ``batch`` samples, ms: the
+    table's layer times summed (layers without rows cost nothing, as in ``CostModel.paper()``)."""
+    return sum(row.avg_us for layer in model.layers if (row := table.get(layer, batch)) is not None) / 1000
+
+
 def simulate(foreground: Plan, background_piece_ms: float, piece_ms: float = 0.5, slowdown: float = 1.1,
              iterations: int = 10, switch_ms: float = 0.0, *, background_batch: float | None = None,
              baseline: Plan | float | None = None, objective: str = "background") -> MultiplexResult:
@@ -307,8 +314,7 @@ def simulate(foreground: Plan, background_piece_ms: float, piece_ms: float = 0.5
     most = _number("piece_ms", piece_ms)
     bound = _number("slowdown", slowdown, low=1.0, strict=False)
     s = _number("switch_ms", switch_ms, strict=False)
-    if isinstance(iterations, bool) or not isinstance(iterations, int) or iterations < 1:
-        raise BurstError(f"iterations must be an integer >= 1; got {iterations!r}")
+    integer("iterations", iterations, 1, BurstError)
     if objective not in OBJECTIVES:
         raise BurstError(f"objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}")
     spans = busy_spans(foreground)

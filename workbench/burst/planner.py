@@ -40,7 +40,6 @@ from __future__ import annotations
 import math
 from collections import namedtuple
 from dataclasses import dataclass
-from functools import lru_cache
 
 from .costs import BoundCosts, CostModel
 from .graph import DATA, BurstError, ModelGraph, ProfileTable, load_model, load_profile
@@ -105,7 +104,10 @@ class _Planner:
     def __init__(self, model: ModelGraph, costs: BoundCosts, widths: list[int], limit: float):
         self.model, self.c, self.W, self.limit = model, costs, widths, limit
         self._seg, self._blk = {}, {}
-        self.ranks = lru_cache(maxsize=None)(lambda offset, w: tuple(range(offset, offset + w)))
+
+    @staticmethod
+    def ranks(offset: int, w: int) -> tuple[int, ...]:
+        return tuple(range(offset, offset + w))
 
     def own(self, lid: int, w: int) -> float:
         return self.c.compute(lid, w) + self.c.sync(lid, w)
@@ -186,7 +188,7 @@ class _Planner:
 
     # -- branches ----------------------------------------------------------------------------
 
-    def branch(self, items, fork: int, s: int, cap: int, join: int, j: int) -> _BranchPlan | None:
+    def branch(self, items, fork: int, s: int, cap: int, j: int) -> _BranchPlan | None:
         tables = self.segment(items, cap, (fork, s))
         last, best = items[-1], None
         for w, st in tables[-1].items():
@@ -219,7 +221,7 @@ class _Planner:
         widths = [w for w in self.W if w <= budget]
         full = [b for b in blk.branches if b]
         empties = len(blk.branches) - len(full)
-        plans = [{c: self.branch(b, blk.fork, s, c, blk.join, j) for c in widths} for b in full]
+        plans = [{c: self.branch(b, blk.fork, s, c, j) for c in widths} for b in full]
         longest = [max((p.time for p in ps.values() if p is not None), default=-1.0) for ps in plans]
         order = sorted(range(len(full)), key=lambda i: -longest[i])
         best = None

@@ -58,6 +58,8 @@ import torch
 from torch import nn
 from torch.utils import _pytree as pytree
 
+from ..checks import integer
+from ..models import one_line
 from .graph import BurstError, ModelGraph, ProfileTable
 from .layergraph import build, check_shape, layer_graph, modes
 
@@ -87,12 +89,6 @@ def _batches(batch_sizes) -> tuple[int, ...]:
     if not values or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in values):
         raise BurstError(f"batch_sizes must be a non-empty list of per-GPU batch sizes, ints >= 1; got {batch_sizes!r}")
     return tuple(sorted(set(values)))
-
-
-def _count(value, name: str, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise BurstError(f"{name} must be an integer >= {least}; got {value!r}")
-    return value
 
 
 def _device(device) -> torch.device:
@@ -210,9 +206,8 @@ def _profile_batch(graph: ModelGraph, fns: list, params: list, b: int, shape: tu
         except BurstError:
             raise
         except Exception as exc:  # noqa: BLE001 - the user's layer failed
-            text = str(exc).strip().splitlines()
             raise BurstError(f"layer {layer.id} ({layer.type}) fails at per-GPU batch {b} on {dev}: "
-                             f"{type(exc).__name__}: {text[0] if text else ''}") from None
+                             f"{one_line(exc)}") from None
         live[layer.id] = out
         for p in layer.prev:
             users[p] -= 1
@@ -233,8 +228,8 @@ def profile(model: nn.Module, input_shape: tuple, batch_sizes=DEFAULT_BATCHES, d
     :class:`BurstError` for an empty batch list or a size < 1, repeats < 1, warmup < 0, an
     unknown or absent device, or a model :func:`layer_graph` refuses."""
     batches = _batches(batch_sizes)
-    _count(repeats, "repeats", 1)
-    _count(warmup, "warmup", 0)
+    integer("repeats", repeats, 1, BurstError)
+    integer("warmup", warmup, 0, BurstError)
     shape = check_shape(input_shape)
     dev = _device(device)
     if not isinstance(model, nn.Module):

@@ -60,29 +60,18 @@ def _parse_sim_algorithms(text: str) -> list[str]:
     return chosen
 
 
-def _calibration(path: str, topo):
-    import json
-    from pathlib import Path
-
-    from ..netsim.calibration import calibrate as fit
-    from ..network import topology
-    if topo is None:
-        ranks = json.loads(Path(path).read_text()).get("ranks", 4) if Path(path).exists() else 4
-        topo = topology.bus(int(ranks))
-    return fit(path, topo)
-
-
 def simulate(args) -> int:
     from tabulate import tabulate
 
     from ..netsim import study
+    from ..netsim.calibration import calibrate_file
     from ..netsim.simulator import PAPER_BANDWIDTH, PAPER_LATENCY
     bandwidth, latency = args.bandwidth or PAPER_BANDWIDTH, args.latency if args.latency is not None else PAPER_LATENCY
     try:
         if args.calibration:
             if args.bandwidth or args.latency is not None:
                 raise ValueError("--calibration replaces --bandwidth and --latency; give one or the other")
-            cal = _calibration(args.calibration, args.calibration_topology)
+            cal = calibrate_file(args.calibration, args.calibration_topology)
             bandwidth, latency = cal.link_bandwidth, cal.link_latency
             print(f"calibrated on {args.calibration}: {cal}")
         frame = study.compare(args.topology, args.algorithms or study.PAPER_ALGORITHMS,
@@ -106,8 +95,9 @@ def simulate(args) -> int:
 def calibrate(args) -> int:
     from tabulate import tabulate
 
+    from ..netsim.calibration import calibrate_file
     try:
-        cal = _calibration(args.json, args.topology)
+        cal = calibrate_file(args.json, args.topology)
     except (ValueError, OSError) as exc:  # the network, simulation and calibration errors are ValueErrors
         print(f"workbench calibrate: error: {exc}", file=sys.stderr)
         return 2

@@ -108,7 +108,7 @@ def _plan(args, model, table, shipped):
         from ..burst.deeppool import plan_deeppool
         options = {}
         if args.calibration:
-            from ..burst.costs import calibrate_file
+            from ..netsim.calibration import calibrate_file
             cal = calibrate_file(args.calibration)
             options = {"bandwidth": cal.link_bandwidth / 1e6, "latency_us": cal.link_latency * 1e6}
         plan = plan_deeppool(model, table, args.batch, args.gpus, amplification=amplification,

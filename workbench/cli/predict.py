@@ -127,8 +127,8 @@ def _network(args):
     if args.calibration:
         if args.bandwidth is not None or args.latency is not None or args.simulate:
             raise ValueError("--calibration replaces --bandwidth, --latency and --simulate; give one or the other")
-        from .network import _calibration
-        cal = _calibration(args.calibration, None)
+        from ..netsim.calibration import calibrate_file
+        cal = calibrate_file(args.calibration)
         print(f"calibrated on {args.calibration}: {cal}")
         return costs.from_calibration(cal, args.collective), "calibration"
     bandwidth = costs.GRADIENTFLOW_BANDWIDTH if args.bandwidth is None else args.bandwidth

@@ -170,17 +170,17 @@ def _config(args: argparse.Namespace, algorithm: str, shared: bool = False):
 
 def _configs_and_store(args, names: list[str], command: str):
     """Validate every configuration before anything launches, then open the store.
-    Returns ``(configs, store)``, or the exit code after printing why not."""
+    Returns ``(configs, store, (launcher, srun_args))``, or the exit code after printing why not."""
     from ..config import ConfigError
     try:
         configs = [_config(args, name, shared=command == "compare") for name in names]
         _check_paths(args, configs)
-        launcher_of(args)
+        launch = launcher_of(args)
     except ConfigError as exc:
         print(f"workbench {command}: error: {exc}", file=sys.stderr)
         return 2
     store = open_store(args, command)
-    return 1 if store is None else (configs, store)
+    return 1 if store is None else (configs, store, launch)
 
 
 def _check_paths(args, configs) -> None:
@@ -212,19 +212,19 @@ def train_command(args) -> int:
     prepared = _configs_and_store(args, [args.algorithm], "train")
     if isinstance(prepared, int):
         return prepared
-    [cfg], store = prepared
+    [cfg], store, (launcher, srun_args) = prepared
     # a resumed run is a new run in a new directory, linked to the one it continues: the old
     # run's row and files stay as they were, whatever happens to the new one
     run_dir = Path(args.out) if args.out else runs_root() / new_run_id(cfg)
     run_id = run_id_for(run_dir, cfg, store)
     make_run_dir(run_dir, "--out")
     print(f"{'run_id':20s} {run_id}", flush=True)
-    launcher, srun_args = launcher_of(args)
     if launcher == "srun":
         import os
+
+        from ..runtime.launch import slurm
         print(f"{'launcher':20s} srun{' ' + ' '.join(srun_args) if srun_args else ''}"
-              f"{' in Slurm job ' + os.environ['SLURM_JOB_ID'] if os.environ.get('SLURM_JOB_ID') else ''}",
-              flush=True)
+              f"{' in Slurm job ' + os.environ['SLURM_JOB_ID'] if slurm.in_allocation() else ''}", flush=True)
     resumed_from = None
     if args.resume:
         resumed_from = store.run_id_of(args.resume) or str(Path(args.resume).resolve())
@@ -260,8 +260,7 @@ def compare_command(args) -> int:
     prepared = _configs_and_store(args, names, "compare")
     if isinstance(prepared, int):
         return prepared
-    configs, store = prepared
-    launcher, srun_args = launcher_of(args)
+    configs, store, (launcher, srun_args) = prepared
     parent = Path(args.out) if args.out else runs_root() / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
     rows = []
     for cfg in configs:

@@ -64,7 +64,7 @@ class _CommState:
 
 
 _STATE = state_key()
-_yield_cpu = getattr(os, "sched_yield", lambda: time.sleep(0))  # no sched_yield on macOS
+yield_cpu = getattr(os, "sched_yield", lambda: time.sleep(0))  # no sched_yield on macOS
 _ACTIVE: list["Handle"] = []  # every outstanding handle of this process, in issue order
 
 
@@ -166,7 +166,7 @@ class Handle:
                     f"({self._flat.dtype_name}, {self.bytes_sent} bytes to send) on a "
                     f"{self.comm.Get_size()}-rank communicator did not complete within {timeout} s"
                     f"{self._where()}")
-            _yield_cpu()  # ranks often outnumber cores: let the peers we wait for run
+            yield_cpu()  # ranks often outnumber cores: let the peers we wait for run
         return self.buf
 
     def cancel(self) -> None:

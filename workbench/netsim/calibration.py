@@ -111,3 +111,15 @@ def calibrate(measurements, topo: Topology | None = None) -> Calibration:
     table["predicted_s"] = features @ np.array([alpha, beta])
     table["error"] = table["predicted_s"] / table["measured_s"] - 1.0
     return Calibration(float(alpha), float(1.0 / beta), topo, nranks, table)
+
+
+def calibrate_file(path, topo: Topology | None = None) -> Calibration:
+    """:func:`calibrate` of a ``workbench bench allreduce --json`` file on ``topo``, by default a
+    :func:`~workbench.network.topology.bus` of the file's ranks (ranks of one host share its memory
+    bandwidth: what ``workbench calibrate``, ``predict`` and ``plan`` assume)."""
+    from ..network.topology import bus
+    if topo is None:
+        path = Path(path)
+        ranks = json.loads(path.read_text()).get("ranks", 4) if path.exists() else 4
+        topo = bus(int(ranks))
+    return calibrate(path, topo)

@@ -234,7 +234,7 @@ def from_calibration(calibration, collective: str = "ring"):
     spelling: :class:`CostError`."""
     kind = _calibration_kind(calibration)
     if kind == "fully_connected" and collective in CLOSED_FORMS:
-        return AlphaBeta(calibration.link_bandwidth, calibration.link_latency, collective)
+        return AlphaBeta.from_calibration(calibration, collective)
     if kind not in SCALABLE_KINDS:
         raise CostError(f"calibration was fitted on {kind!r}; the predictor scales only a fit on "
                         f"{', '.join(SCALABLE_KINDS)} to other rank counts (calibrate on one of those)")
@@ -248,7 +248,7 @@ def network_model(network=None, collective: str | None = None):
     if network is None:
         network = AlphaBeta()
     elif not hasattr(network, "allreduce") and hasattr(network, "link_bandwidth"):
-        network = from_calibration(network, collective or "ring")
+        return from_calibration(network, collective or "ring")
     elif not all(hasattr(network, name) for name in ("allreduce", "point_to_point", "wire_bytes", "with_collective")):
         raise CostError(f"network must be an AlphaBeta, a Simulated or a Calibration; got {type(network).__name__}")
     return network if collective is None else network.with_collective(collective)

@@ -199,19 +199,19 @@ def predict(profile: Sequence[LayerProfile], ranks: int, network=None, options=N
     for i in reversed(range(len(layers))):
         t += layers[i].backward_s
         ready_at[i] = t * slow
-    forward, backward = forward * slow, backward * slow   # the step waits for the slowest rank
+    computed = forward + backward + skew_s   # the slowest rank's backward end: the step waits for it
     timeline: list[Message] = []
     free = 0.0   # when the network is next free
     if ranks > 1:
         for k, (start, stop, params) in enumerate(buckets):
-            begin = max(ready_at[owner[p]] for p in params) if opts.overlap else forward + backward
+            begin = max(ready_at[owner[p]] for p in params) if opts.overlap else computed
             begin = max(begin, free)
             for what, nbytes in _bucket_messages(stop - start, opts):
                 seconds = net.allreduce(nbytes, ranks)
                 timeline.append(Message(what, k, nbytes, net.wire_bytes(nbytes, ranks), begin, begin + seconds))
                 begin += seconds
             free = begin
-    end = max(forward + backward, free)
+    end = max(computed, free)
     if ranks > 1 and opts.wire_dtype != "fp32":
         seconds = net.with_collective(DECISION_COLLECTIVE).allreduce(4, ranks)
         timeline.append(Message("decision", -1, 4, round(2 * (ranks - 1) / ranks * 4), end, end + seconds))

@@ -142,7 +142,6 @@ class Cluster:
         self.engines_need_restart = False
         self.slurm_job: str | None = None  # the engines' current Slurm job (engines="slurm")
         self._slurm_jobs: list[str] = []  # every engine job this cluster submitted
-        self.start_seconds: float | None = None  # how long the last engine start took
         self._log = _KeptLog()
 
     # -- configuration ---------------------------------------------------------------------
@@ -243,8 +242,7 @@ class Cluster:
         Polls ``client.ids`` every 10 ms: ``wait_for_engines`` sleeps in long intervals and
         would add up to a second to every start.
         """
-        started = time.monotonic()
-        deadline = started + self.start_timeout
+        deadline = time.monotonic() + self.start_timeout
         try:
             engine_set = self._ipp.start_engines_sync()
         except SlurmCommandError as exc:  # sbatch refused the job: nothing was queued
@@ -273,7 +271,6 @@ class Cluster:
             time.sleep(0.01)
         self.engine_ids = sorted(new)[: self.n]
         self._map_ranks()
-        self.start_seconds = time.monotonic() - started
 
     def _check_slurm_job(self, registered: int, timed_out: bool) -> None:
         """While the engines come up: a job that ended is an error with its Slurm output; one still

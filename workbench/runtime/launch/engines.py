@@ -5,12 +5,13 @@ ipyparallel's launchers (``<Prefix>EngineSetLauncher``).
 """
 from __future__ import annotations
 
+from .slurm import KILL_ON_BAD_EXIT
+
 #: engine launchers that start MPI ranks: name -> ipyparallel launcher class prefix
 LAUNCHERS = {"mpi": "MPI", "slurm": "Slurm", "pbs": "PBS", "sge": "SGE", "lsf": "LSF"}
 
-#: the engines' srun: every task killed when one fails (as mpiexec does: an MPI job that lost a
-#: rank is stuck); the user's srun_args come after it, so they win
-SRUN_DEFAULTS = ["--kill-on-bad-exit=1"]
+#: the engines' srun: every task killed when one fails; the user's srun_args come after it
+SRUN_DEFAULTS = [KILL_ON_BAD_EXIT]
 
 
 class SlurmCommandError(RuntimeError):

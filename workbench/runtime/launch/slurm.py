@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import time
@@ -32,6 +31,9 @@ NEVER_REASONS = {
 }
 
 #: what a user passes when srun started every rank as its own singleton
+#: every srun this project starts: all tasks killed when one fails (as mpiexec does: an MPI job that
+#: lost a rank is stuck); a user's srun_args come after it, so they win
+KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
 PMI_HINT = '["--mpi=pmix"] or ["--mpi=pmi2"]'
 
 
@@ -153,9 +155,4 @@ def srun_command(nranks: int, srun_args: Sequence[str] = ()) -> list[str]:
     """``srun -n N`` for a job step inside the allocation: every task is killed when one fails
     (as mpiexec does), output labelled with the task's rank; ``srun_args`` come last so a user's
     choice wins."""
-    return [find_srun(), "-n", str(nranks), "--kill-on-bad-exit=1", "--label", *srun_args]
-
-
-def split_args(text: str | None) -> list[str]:
-    """``--srun-args "--mpi=pmi2 --exclusive"`` as a list."""
-    return shlex.split(text) if text else []
+    return [find_srun(), "-n", str(nranks), KILL_ON_BAD_EXIT, "--label", *srun_args]

@@ -28,7 +28,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 from workbench.runtime.launch.ports import free_port
+from workbench.runtime.launch.signals import STOP_SIGNALS
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("srun", "sbatch", "squeue", "scancel", "sinfo")
@@ -50,16 +53,11 @@ def _tail(path: Path, lines: int = 3) -> str:
     return " | ".join([line for line in text if line][-lines:])[-800:]
 
 
-def _stat(pid: int) -> list[str]:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return ["X", "0"]
-
-
 def _alive(pid: int) -> bool:
-    return _stat(pid)[0] not in ("X", "Z")
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def leftover_pids(root: Path, cluster: str | None = None) -> list[int]:
@@ -67,11 +65,9 @@ def leftover_pids(root: Path, cluster: str | None = None) -> list[int]:
     ``MARK=root``) and its jobs' tasks (``SLURM_CLUSTER_NAME=cluster``); never this process or
     its ancestors."""
     marks = {f"{MARK}={root}".encode(), f"SLURM_CLUSTER_NAME={cluster}".encode() if cluster else b"-"}
-    mine, pid = set(), os.getpid()
-    while pid > 1:
-        mine.add(pid)
-        pid = int(_stat(pid)[1])
-    found = []
+    me = psutil.Process()
+    mine = {me.pid} | {p.pid for p in me.parents()}
+    found = []   # the raw environ: slurmstepd rewrites its own (psutil's parser stops at the first gap)
     for pid in (int(e) for e in os.listdir("/proc") if e.isdigit() and int(e) not in mine):
         with contextlib.suppress(OSError), open(f"/proc/{pid}/environ", "rb") as f:
             found += [pid] if marks & set(f.read().split(b"\0")) else []
@@ -80,14 +76,19 @@ def leftover_pids(root: Path, cluster: str | None = None) -> list[int]:
 
 def _kill(pids, timeout: float = 10.0) -> None:
     """SIGTERM, then SIGKILL whatever is still alive after ``timeout``."""
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            procs.append(psutil.Process(pid))
     for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        pids = [p for p in pids if _alive(p)]
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, sig)
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.send_signal(sig)
         deadline = time.monotonic() + wait
-        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-            time.sleep(0.05)
+        while procs and time.monotonic() < deadline:   # wait_procs reaps our children; others may be zombies
+            procs = [p for p in psutil.wait_procs(procs, timeout=0.05)[1] if _alive(p.pid)]
+        if not procs:
+            return
 
 
 def _die_with_parent() -> None:
@@ -327,9 +328,8 @@ def _up_pid(root: Path) -> int | None:
     """The pid of the ``up`` running for ``root``, if any."""
     try:
         pid = int((root / "up.pid").read_text())
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return pid if str(root).encode() in f.read() and _alive(pid) else None
-    except (OSError, ValueError):
+        return pid if str(root) in " ".join(psutil.Process(pid).cmdline()) and _alive(pid) else None
+    except (OSError, ValueError, psutil.Error):
         return None
 
 
@@ -360,15 +360,15 @@ def main(argv: list[str] | None = None) -> int:
               (f", {len(left)} leftover processes killed" if left else ""))
         return 0
 
-    if _up_pid(root):
-        print(f"SlurmUnavailable: a local Slurm is already up under {root} (pid {_up_pid(root)}); "
+    if up := _up_pid(root):
+        print(f"SlurmUnavailable: a local Slurm is already up under {root} (pid {up}); "
               f"`down --root {root}` stops it", file=sys.stderr)
         return 1
     slurm = LocalSlurm(root, args.cpus, args.mpi_default, dict(b.split("=", 1) for b in args.binary))
     slurm.cluster = args.cluster or slurm.cluster
     slurm._tmp = args.remove         # a LocalSlurm that is not root started this `up` with sudo
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):    # even where SIGINT was ignored
+    for sig in STOP_SIGNALS:    # even where SIGINT was ignored
         signal.signal(sig, signal.default_int_handler)     # stop() as for Ctrl-C
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -386,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, signal.SIG_IGN)
         slurm.stop()
         (root / "up.pid").unlink(missing_ok=True)
