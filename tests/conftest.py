@@ -11,6 +11,7 @@ import pytest
 from workbench.runtime.launch.mpiexec import MPILaunchError, run_mpi
 
 from slurm_fixture import local_slurm  # noqa: F401  (session fixture: a private Slurm)
+from vcluster_fixture import vc4  # noqa: F401  (session fixture: a virtual cluster of 4 nodes)
 
 ROOT = Path(__file__).resolve().parent.parent
 MPI_DIR = Path(__file__).resolve().parent / "mpi"

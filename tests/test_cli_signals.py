@@ -2,6 +2,8 @@
 folder agree; a rank that is killed is the rank the error names, with how it died (issue 11)."""
 from __future__ import annotations
 
+import socket
+
 import json
 import os
 import signal
@@ -147,14 +149,14 @@ def test_a_killed_rank_is_the_rank_named_with_its_signal(tmp_path, algorithm, ra
     assert proc.returncode == 1, err[-3000:]
     message = err.split("workbench train: ", 1)[1]
     first_line = message.splitlines()[0]
-    assert first_line.startswith(f"rank {victim} (pid {pid} on "), err[-3000:]
+    assert first_line.startswith(f"rank {victim} on node {socket.gethostname()} (pid {pid}) "), err[-3000:]
     assert "killed by signal 9 (SIGKILL)" in first_line
     others = [r for r in range(ranks) if r != victim]
     assert not any(f"rank {r} " in message or f"rank(s) {r}" in message for r in others), message
     _assert_nothing_left(tmp_path, mark, segments)
     status, error, _ = _row(tmp_path)
     assert status == "failed"
-    assert error.startswith(f"rank {victim} (pid {pid} on ") and "SIGKILL" in error.splitlines()[0]
+    assert error.startswith(f"rank {victim} on node {socket.gethostname()} (pid {pid}) ") and "SIGKILL" in error.splitlines()[0]
 
 
 def test_a_rank_that_raises_is_still_named_with_its_traceback(tmp_path):

@@ -4,6 +4,8 @@ One cluster serves the module (start ~3 s); tests that break engines leave it re
 """
 from __future__ import annotations
 
+import socket
+
 import json
 import os
 import signal
@@ -110,7 +112,7 @@ def test_dead_engine_is_reported_with_its_rank(cluster, tmp_path):
     with pytest.raises(RunError) as info:
         run.wait(timeout=60)
     assert info.value.rank == 1  # the engine's guard recorded how and when it ended
-    assert str(info.value).startswith(f"rank 1 (pid {pid} on ")
+    assert str(info.value).startswith(f"rank 1 on node {socket.gethostname()} (pid {pid}) ")
     assert "killed by signal 9 (SIGKILL)" in str(info.value)
     _still_usable(cluster, tmp_path)
 

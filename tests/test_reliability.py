@@ -3,6 +3,8 @@ a live stream that anyone could feed, the wrong rank blamed for a dead engine; a
 side that must never start MPI."""
 from __future__ import annotations
 
+import socket
+
 import json
 import os
 import signal
@@ -106,7 +108,7 @@ def test_a_killed_engine_is_named_with_how_it_died(cluster, tmp_path, algorithm,
         run.wait(timeout=120)
     message = str(info.value)
     assert info.value.rank == rank, message
-    assert message.startswith(f"rank {rank} (pid {pid} on ")
+    assert message.startswith(f"rank {rank} on node {socket.gethostname()} (pid {pid}) ")
     assert "killed by signal 9 (SIGKILL)" in message.splitlines()[0]
     assert cluster.healthy()
     assert _train(cluster, tmp_path, "after", ranks=4).wait(timeout=120).status == "finished"

@@ -7,6 +7,8 @@ than that, so jobs ask for ``--overcommit`` (4 tasks on 2 cores, as the mpiexec 
 """
 from __future__ import annotations
 
+import socket
+
 import json
 import os
 import signal
@@ -153,7 +155,7 @@ def test_killed_engine_is_named_with_its_rank_pid_and_signal(cluster, tmp_path):
     with pytest.raises(RunError) as info:
         run.wait(timeout=120)
     assert info.value.rank == 1
-    assert str(info.value).startswith(f"rank 1 (pid {pid} on ") and "killed by signal 9 (SIGKILL)" in str(info.value)
+    assert str(info.value).startswith(f"rank 1 on node {socket.gethostname()} (pid {pid}) ") and "killed by signal 9 (SIGKILL)" in str(info.value)
     assert cluster.healthy()
 
 
@@ -293,7 +295,7 @@ def test_cli_fail_rank_under_srun_names_the_rank_with_its_traceback(slurm_env, t
                 "--fail-step", "3", *SRUN, "--out", str(tmp_path / "run"), "--store", str(store))
     assert proc.returncode == 1, proc.stderr[-3000:]
     message = proc.stderr.split("workbench train: ", 1)[1]
-    assert message.startswith("rank 1 (pid "), message[:2000]
+    assert message.startswith(f"rank 1 on node {socket.gethostname()} (pid "), message[:2000]
     assert "injected failure on rank 1 at step 3" in message and "Traceback" in message
     status, error = _row(store, "run")
     assert status == "failed" and error.startswith("rank 1 ")
@@ -329,7 +331,7 @@ def test_cli_killed_rank_under_srun_is_named_and_nothing_is_left(slurm_env, tmp_
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err[-3000:]
     first_line = err.split("workbench train: ", 1)[1].splitlines()[0]
-    assert first_line.startswith(f"rank 2 (pid {victim.pid} on "), err[-3000:]
+    assert first_line.startswith(f"rank 2 on node {socket.gethostname()} (pid {victim.pid}) "), err[-3000:]
     assert "killed by signal 9 (SIGKILL)" in first_line
     time.sleep(1)
     assert not ranks(), "ranks of the job are still running"

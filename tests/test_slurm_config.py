@@ -122,7 +122,7 @@ def test_srun_labels_split_the_output_by_rank_and_an_abort_names_the_rank(tmp_pa
     # srun SIGKILLs every task at MPI_Abort: a guard that recorded its SIGKILL first is not the cause
     ends = [{"rank": 0, "pid": 100, "host": "vm", "signal": 9, "time": 1.0}]
     error = blame.failure(4, result, starts, ends, abort_kills_all=True)
-    assert str(error).startswith("rank 2 (pid 102 on vm) raised an exception and called MPI_Abort with code 1")
+    assert str(error).startswith("rank 2 on node vm (pid 102) raised an exception and called MPI_Abort with code 1")
     assert error.failed_ranks == [2]
 
 
@@ -131,7 +131,7 @@ def test_srun_report_names_the_first_task_when_no_guard_recorded(tmp_path):
     result = blame.collect_output(output, tmp_path, 4, labels=True)
     result.returncode = 137
     error = blame.failure(4, result, {}, [], abort_kills_all=True)
-    assert str(error).startswith("rank 1 (on node7) was killed by signal 9 (SIGKILL)"), str(error)
+    assert str(error).startswith("rank 1 on node node7 was killed by signal 9 (SIGKILL)"), str(error)
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -313,7 +313,7 @@ def test_the_cli_records_finished_and_failed_runs_and_lists_them(tmp_path):
     lines = listing.stdout.splitlines()
     assert any("good-run" in line and "finished" in line for line in lines)
     # the error column shows the first line of the error, which starts with the rank that failed
-    assert any("bad-run" in line and "failed" in line and "rank 1 (pid " in line for line in lines)
+    assert any("bad-run" in line and "failed" in line and "rank 1 on node " in line for line in lines)
     assert "2 of 2 runs" in listing.stdout
     only_failed = _cli("runs", "--store", str(db), "--status", "failed", "--limit", "5", env=env, timeout=60)
     assert "bad-run" in only_failed.stdout and "good-run" not in only_failed.stdout

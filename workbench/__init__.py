@@ -13,6 +13,8 @@ Public names::
     wb.Sweep(cfg, grid={"tau": [1, 4]}, seeds=[0, 1]).run(cluster)
     wb.algorithms()                         # the nine training algorithms
     wb.collectives, wb.allreduce            # schedules, executor, all-reduce over MPI
+    with wb.VirtualCluster("vc", nodes=4, bandwidth="100mbit") as vc:   # namespaced nodes, shaped links
+        wb.Cluster(n=4, vcluster=vc)        # engines on its nodes
 
 Heavy parts (mpi4py, torch, pandas, ipyparallel, widgets, plotly) load on first use: importing
 workbench, building a ``RunConfig`` and driving a ``Cluster`` never initialise MPI in the
@@ -35,7 +37,8 @@ __getattr__, __dir__ = lazy(__name__, {
     "Store": (".store", "Store"),
     "Sweep": (".sweep", "Sweep"),
     "SweepPanel": (".dashboard.sweep_panel", "SweepPanel"),
+    "VirtualCluster": (".vcluster", "VirtualCluster"),
 })
 
 __all__ = ["collectives", "allreduce", "algorithms", "RunConfig", "ConfigError", "RunResult", "Cluster", "Run",
-           "RunError", "Dashboard", "Store", "Sweep", "SweepPanel", "__version__"]
+           "RunError", "Dashboard", "Store", "Sweep", "SweepPanel", "VirtualCluster", "__version__"]

@@ -45,15 +45,24 @@ def _make_buffer(nbytes: int, dtype: str):
     return torch.zeros(n, dtype=getattr(torch, dtype))
 
 
+def rendezvous_host() -> str:
+    """Where rank 0 listens for a peer library's rendezvous: 127.0.0.1, or on a virtual cluster's
+    node (``WORKBENCH_VCLUSTER`` set) the node's own address, which the other nodes reach."""
+    import os
+    import socket
+    return socket.gethostbyname(socket.gethostname()) if os.environ.get("WORKBENCH_VCLUSTER") else "127.0.0.1"
+
+
 def _gloo_group(comm: MPI.Comm):
-    """Start torch.distributed (gloo, on 127.0.0.1) on the MPI ranks; None if it fails."""
+    """Start torch.distributed (gloo, on :func:`rendezvous_host`) on the MPI ranks; None if it fails."""
     import torch.distributed as dist
-    port = None
+    host = port = None
     if comm.Get_rank() == 0:
-        port = free_port()
-    port = comm.bcast(port, root=0)
+        host = rendezvous_host()
+        port = free_port(host)
+    host, port = comm.bcast((host, port), root=0)
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}",
                                 rank=comm.Get_rank(), world_size=comm.Get_size())
         return dist
     except Exception as exc:  # a peer that cannot start is reported, not fatal
@@ -62,8 +71,10 @@ def _gloo_group(comm: MPI.Comm):
         return None
 
 
-def run(sizes: list[int], algorithms: list[str], dtype: str, gloo: bool, comm: MPI.Comm) -> dict:
-    """Measure every (size, algorithm); returns the JSON-able report (same on all ranks)."""
+def run(sizes: list[int], algorithms: list[str], dtype: str, gloo: bool, comm: MPI.Comm,
+        repetitions: int | None = None, warmup: int = 3) -> dict:
+    """Measure every (size, algorithm); returns the JSON-able report (same on all ranks).
+    ``repetitions``: per size (default :func:`repetitions_for`); ``warmup``: untimed rounds first."""
     import torch
     torch.set_num_threads(1)
     n = comm.Get_size()
@@ -73,13 +84,13 @@ def run(sizes: list[int], algorithms: list[str], dtype: str, gloo: bool, comm: M
         buf = _make_buffer(nbytes, dtype)
         names = list(algorithms)
         ops = [lambda name=name: allreduce(buf, comm, name) for name in names]
-        rounds = list(time_interleaved(comm, ops, repetitions_for(nbytes), warmup=3))
+        reps = repetitions or repetitions_for(nbytes)
+        rounds = list(time_interleaved(comm, ops, reps, warmup=warmup))
         if dist is not None:
             # gloo alone, afterwards: its threads keep polling after a call returns and slow
             # whatever MPI algorithm would come next in an interleaved round.
             names.append(GLOO)
-            rounds += list(time_interleaved(comm, [lambda: dist.all_reduce(buf)],
-                                            repetitions_for(nbytes), warmup=3))
+            rounds += list(time_interleaved(comm, [lambda: dist.all_reduce(buf)], reps, warmup=warmup))
         for name, times in zip(names, rounds):
             median = float(np.median(times))
             algbw = nbytes / median / 1e9
@@ -126,10 +137,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--no-gloo", action="store_true")
     parser.add_argument("--json")
+    parser.add_argument("--repetitions", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args(argv)
     comm = MPI.COMM_WORLD
     sizes = [parse_size(s) for s in args.sizes.split(",")]
-    report = run(sizes, args.algorithms.split(","), args.dtype, not args.no_gloo, comm)
+    report = run(sizes, args.algorithms.split(","), args.dtype, not args.no_gloo, comm, args.repetitions, args.warmup)
     if comm.Get_rank() == 0:
         print(format_report(report), flush=True)
         if args.json:

@@ -11,6 +11,8 @@
                                      all-reduce time on a simulated network, speed-up over ring
     workbench calibrate [--json benchmarks/results/allreduce_4ranks.json] [--topology bus:4]
                                      fit link latency/bandwidth to measured all-reduces
+    workbench vcluster up|status|list|exec|mpiexec|env|down NAME ...
+                                     a virtual cluster: nodes as namespaces joined by shaped links
     workbench algorithms             the training and collective algorithm names
 
 Arguments are validated here, before mpiexec is launched; a bad value is an error that names
@@ -30,7 +32,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from . import bench, network, plan, predict, runs, training
+from . import bench, network, plan, predict, runs, training, vcluster
 from .common import interrupt_code, say
 
 
@@ -55,13 +57,23 @@ def build_parser() -> argparse.ArgumentParser:
     network.add_to(sub)
     predict.add_to(sub)
     plan.add_to(sub)
+    vcluster.add_to(sub)
     sub.add_parser("algorithms", help="list the training and collective algorithm names").set_defaults(
         func=list_algorithms)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    # `workbench vcluster exec NAME --node I -- CMD...`: what follows the first `--` is a command, not ours
+    ours, command = (given[:given.index("--")], given[given.index("--") + 1:]) if "--" in given else (given, None)
+    args = parser.parse_args(ours)
+    if command is not None:
+        if not hasattr(args, "argv"):
+            parser.error(f"unrecognized arguments: -- {' '.join(command)}")
+        args.argv = command
+    args.argv_given = given  # a rootless cluster's commands run again inside its user namespace
     if not args.launches:
         return args.func(args)
     from ..runtime.launch.signals import handling_signals, raise_interrupted

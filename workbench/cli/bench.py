@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..comm.names import SUPPORTED_DTYPES, algorithm_names
 from ..runtime.launch.mpiexec import MPILaunchError, run_mpi
@@ -38,6 +39,11 @@ def add_to(sub) -> None:
     ar.add_argument("--no-gloo", action="store_true", help="skip the torch.distributed gloo peer")
     ar.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ar.add_argument("--timeout", type=float, default=600, help="seconds before the job is killed")
+    ar.add_argument("--repetitions", type=positive_int, default=None,
+                    help="timed calls per size and algorithm (default 100/40/15/7 by size)")
+    ar.add_argument("--warmup", type=positive_int, default=3, help="untimed rounds first (default 3)")
+    ar.add_argument("--vcluster", metavar="NAME", help="run the ranks on a virtual cluster's nodes")
+    ar.add_argument("--ppn", type=positive_int, default=1, help="ranks per node on --vcluster (default 1)")
     ar.set_defaults(func=allreduce, launches=True)
 
 
@@ -49,10 +55,20 @@ def allreduce(args) -> int:
     if args.no_gloo:
         worker.append("--no-gloo")
     if args.json:
-        worker += ["--json", args.json]
+        worker += ["--json", str(Path(args.json).resolve())]
+    if args.repetitions:
+        worker += ["--repetitions", str(args.repetitions)]
+    worker += ["--warmup", str(args.warmup)]
+    options = {}
     try:
-        run_mpi(args.ranks, worker, timeout=args.timeout, stream=True)
-    except (MPILaunchError, ValueError) as exc:
+        if args.vcluster:
+            from ..vcluster import VirtualCluster
+            vc = VirtualCluster.attach(args.vcluster)
+            options = vc.run_options(args.ranks, args.ppn)
+            if args.json and not vc.visible(Path(args.json).resolve().parent):
+                raise ValueError(f"--json: {args.json} is not seen by the nodes of vcluster {vc.name}")
+        run_mpi(args.ranks, worker, timeout=args.timeout, stream=True, **options)
+    except (MPILaunchError, ValueError, RuntimeError) as exc:
         say(f"workbench: {exc}")
         return 1
     return 0

@@ -17,7 +17,7 @@ from ..optim.registry import ALGORITHMS
 from ..runtime.launch.blame import MPILaunchError
 from ..runtime.launch.mpiexec import LAUNCHER_NAMES
 from ..summary import PRINTED_KEYS
-from .common import interrupt_code, open_store, percent, positive_seconds, say
+from .common import interrupt_code, open_store, percent, positive_int, positive_seconds, say
 from .recording import recorded_train
 
 #: RunConfig's field defaults: what an option not given means
@@ -46,12 +46,29 @@ def srun_arguments(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"cannot split {text!r} into arguments: {exc}") from None
 
 
-def launcher_of(args) -> tuple[str, list[str]]:
-    """``(launcher, srun_args)`` of the command: ``--launcher``, else srun inside a Slurm allocation.
-    ConfigError for ``--srun-args`` without srun, or srun that is not installed."""
+def launcher_of(args) -> tuple[str, list[str], dict]:
+    """``(launcher, srun_args, placement)`` of the command: ``--launcher``, else srun inside a Slurm
+    allocation; ``placement``: ``{"vcluster": VirtualCluster, "ppn": K}`` with ``--vcluster``.
+    ConfigError for ``--srun-args`` without srun, srun that is not installed, ``--ppn`` without
+    ``--vcluster``, or a virtual cluster that is not up."""
     from ..config import ConfigError
     from ..runtime.launch import slurm
     from ..runtime.launch.mpiexec import default_launcher
+    placement = {}
+    if args.ppn is not None and not args.vcluster:
+        raise ConfigError("--ppn: ranks per node of a virtual cluster; give --vcluster NAME too")
+    if args.vcluster:
+        if args.launcher == "srun":
+            raise ConfigError("--launcher: a --vcluster run starts its ranks with mpiexec across the nodes; for srun, "
+                              "submit with the cluster's Slurm (`eval $(workbench vcluster env NAME)`, then sbatch)")
+        from ..vcluster import PlanError, VirtualCluster, VirtualClusterError
+        try:
+            vc = VirtualCluster.attach(args.vcluster)
+            vc.mpiexec_args(max(c.ranks for c in args.configs), args.ppn or 1)  # enough nodes for the ranks
+        except (PlanError, VirtualClusterError) as exc:
+            raise ConfigError(f"--vcluster: {exc}") from None
+        placement = {"vcluster": vc, "ppn": args.ppn or 1}
+        args.launcher = "mpiexec"
     launcher = args.launcher or default_launcher()
     if args.srun_args and launcher != "srun":
         raise ConfigError(f"--srun-args: only with srun, and the ranks start with {launcher}"
@@ -61,7 +78,7 @@ def launcher_of(args) -> tuple[str, list[str]]:
             slurm.find_srun()
         except FileNotFoundError as exc:
             raise ConfigError(f"--launcher: {exc}") from None
-    return launcher, args.srun_args
+    return launcher, args.srun_args, placement
 
 
 def add_to(sub) -> None:
@@ -139,6 +156,11 @@ def _training_options(p: argparse.ArgumentParser) -> None:
                         "else mpiexec)")
     p.add_argument("--srun-args", metavar="ARGS", type=srun_arguments, default=[],
                    help="extra srun arguments, one string: --srun-args='--mpi=pmi2' (with srun only)")
+    p.add_argument("--vcluster", metavar="NAME", help="run the ranks on the nodes of a virtual cluster "
+                                                      "(`workbench vcluster up NAME`); the run directory must be one "
+                                                      "its nodes see")
+    p.add_argument("--ppn", type=positive_int, default=None,
+                   help="ranks per node on the virtual cluster, block placement (default 1)")
     p.add_argument("--store", metavar="FILE", help="results store (default $WORKBENCH_STORE or "
                                                    "data/workbench.sqlite)")
 
@@ -170,12 +192,13 @@ def _config(args: argparse.Namespace, algorithm: str, shared: bool = False):
 
 def _configs_and_store(args, names: list[str], command: str):
     """Validate every configuration before anything launches, then open the store.
-    Returns ``(configs, store, (launcher, srun_args))``, or the exit code after printing why not."""
+    Returns ``(configs, store, (launcher, srun_args, placement))``, or the exit code after printing why not."""
     from ..config import ConfigError
     try:
         configs = [_config(args, name, shared=command == "compare") for name in names]
-        _check_paths(args, configs)
+        args.configs = configs
         launch = launcher_of(args)
+        _check_paths(args, configs, launch[2].get("vcluster"))
     except ConfigError as exc:
         print(f"workbench {command}: error: {exc}", file=sys.stderr)
         return 2
@@ -183,13 +206,17 @@ def _configs_and_store(args, names: list[str], command: str):
     return 1 if store is None else (configs, store, launch)
 
 
-def _check_paths(args, configs) -> None:
-    """``--out`` and ``--resume``, before anything is created or launched: ConfigError naming the option."""
+def _check_paths(args, configs, vcluster=None) -> None:
+    """``--out`` and ``--resume``, before anything is created or launched: ConfigError naming the option
+    (with ``vcluster``: also when its nodes would not see them)."""
     from pathlib import Path
 
     from ..config import ConfigError
     from ..runtime.rank import checkpoint
     out = Path(args.out) if args.out else None
+    if vcluster is not None:
+        from ..runtime.launch.batch import check_visible
+        check_visible(vcluster, {"--out": out, "--resume": getattr(args, "resume", None)})
     if out is not None and out.exists() and not out.is_dir():
         raise ConfigError(f"--out: {args.out!r} is a file, not a directory")
     for cfg in configs:
@@ -205,20 +232,45 @@ def _check_paths(args, configs) -> None:
             raise ConfigError(f"--{exc}") from None  # "resume: ..." -> "--resume: ..."
 
 
+def _runs(placement: dict):
+    """The runs folder: the usual one, or on a virtual cluster whose nodes do not see it, its shared folder's."""
+    from ..runtime.launch.batch import runs_folder
+    from ..runtime.rundir import runs_root
+    return runs_folder(placement["vcluster"]) if placement else runs_root()
+
+
+def _rootless(args, command: str) -> int | None:
+    """Not root, with --vcluster: the command runs again inside the cluster's user namespace; its exit code."""
+    if not args.vcluster:
+        return None
+    from ..vcluster import VirtualClusterError, rootless
+    try:
+        return rootless.reenter(args)
+    except VirtualClusterError as exc:
+        print(f"workbench {command}: error: --vcluster: {exc}", file=sys.stderr)
+        return 2
+
+
 def train_command(args) -> int:
     from pathlib import Path
 
-    from ..runtime.rundir import make_run_dir, new_run_id, run_id_for, runs_root
+    if (code := _rootless(args, "train")) is not None:
+        return code
+    from ..runtime.rundir import make_run_dir, new_run_id, run_id_for
     prepared = _configs_and_store(args, [args.algorithm], "train")
     if isinstance(prepared, int):
         return prepared
-    [cfg], store, (launcher, srun_args) = prepared
+    [cfg], store, (launcher, srun_args, placement) = prepared
     # a resumed run is a new run in a new directory, linked to the one it continues: the old
     # run's row and files stay as they were, whatever happens to the new one
-    run_dir = Path(args.out) if args.out else runs_root() / new_run_id(cfg)
+    run_dir = Path(args.out) if args.out else _runs(placement) / new_run_id(cfg)
     run_id = run_id_for(run_dir, cfg, store)
     make_run_dir(run_dir, "--out")
     print(f"{'run_id':20s} {run_id}", flush=True)
+    if placement:
+        vc = placement["vcluster"]
+        print(f"{'vcluster':20s} {vc.name}: {cfg.ranks} ranks on {-(-cfg.ranks // placement['ppn'])} of its "
+              f"{vc.nodes} nodes, {placement['ppn']} per node", flush=True)
     if launcher == "srun":
         import os
 
@@ -231,7 +283,7 @@ def train_command(args) -> int:
         print(f"{'resumed_from':20s} {resumed_from}", flush=True)
     try:
         result = recorded_train(store, run_id, cfg, run_dir, resumed_from=resumed_from, resume=args.resume,
-                                 timeout=args.timeout, launcher=launcher, srun_args=srun_args)
+                                 timeout=args.timeout, launcher=launcher, srun_args=srun_args, **placement)
     except (MPILaunchError, ValueError, FileNotFoundError) as exc:
         say(f"workbench train: {exc}")
         say(f"workbench train: run {run_id} recorded as failed in {store.path}")
@@ -253,15 +305,17 @@ def compare_command(args) -> int:
     from datetime import datetime
     from pathlib import Path
 
+    if (code := _rootless(args, "compare")) is not None:
+        return code
     from tabulate import tabulate
 
-    from ..runtime.rundir import make_run_dir, run_id_for, runs_root
+    from ..runtime.rundir import make_run_dir, run_id_for
     names = list(ALGORITHMS) if args.algorithms == "all" else [a.strip() for a in args.algorithms.split(",")]
     prepared = _configs_and_store(args, names, "compare")
     if isinstance(prepared, int):
         return prepared
-    configs, store, (launcher, srun_args) = prepared
-    parent = Path(args.out) if args.out else runs_root() / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
+    configs, store, (launcher, srun_args, placement) = prepared
+    parent = Path(args.out) if args.out else _runs(placement) / f"compare-{datetime.now():%Y%m%d-%H%M%S}"
     rows = []
     for cfg in configs:
         # "<parent>-<algorithm>", made unique in the store (two compares with --out a/x and b/x)
@@ -270,7 +324,7 @@ def compare_command(args) -> int:
         print(f"{cfg.algorithm}: run {run_id}", flush=True)
         try:
             result = recorded_train(store, run_id, cfg, parent / cfg.algorithm, timeout=args.timeout,
-                                    launcher=launcher, srun_args=srun_args)
+                                    launcher=launcher, srun_args=srun_args, **placement)
         except MPILaunchError as exc:
             say(f"workbench compare: {cfg.algorithm} failed: {exc}")
             rows.append([cfg.algorithm, "failed", "", "", "", "", run_id])

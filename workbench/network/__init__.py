@@ -1,8 +1,8 @@
-"""Networks: topologies (torus, mesh, ring, fully connected, bus, fat-tree, BiGraph) and the routes
+"""Networks: topologies (torus, mesh, ring, fully connected, bus, switch, fat-tree, BiGraph) and the routes
 messages take through them. Pure Python + networkx; the simulator (:mod:`workbench.netsim`) and
 the topology-aware schedules (:mod:`workbench.schedules`) build on it."""
 from .topology import (KINDS, Topology, TopologyError, bigraph, bus, fat_tree, fully_connected, lower_bound_steps,
-                       mesh, parse, ring, torus)
+                       mesh, parse, ring, switch, torus)
 
-__all__ = ["Topology", "TopologyError", "KINDS", "parse", "ring", "fully_connected", "bus", "torus", "mesh",
+__all__ = ["Topology", "TopologyError", "KINDS", "parse", "ring", "fully_connected", "bus", "switch", "torus", "mesh",
            "fat_tree", "bigraph", "lower_bound_steps"]

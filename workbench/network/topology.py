@@ -6,6 +6,7 @@
     topology.fat_tree(64, nodes_per_leaf=8, spines=8)   # two-level leaf-spine, up-down routing
     topology.bigraph(32, switches_per_layer=4)          # two switch layers, complete bipartite
     topology.bus(4)           # ranks on one host: every transfer crosses one shared link
+    topology.switch(4)        # every rank on one switch by its own link (a virtual cluster's default)
     topology.parse("torus:8x8")                         # the same from a string (CLI, sweeps)
 
 A link is a directed pair ``(u, v)``; every physical cable is two links. Switches are vertices
@@ -263,9 +264,21 @@ def bus(n: int) -> Topology:
     return Topology("bus", n, links, switches=2)
 
 
+def switch(n: int) -> Topology:
+    """``n`` ranks on one switch, each by its own link (both ways): a transfer crosses its
+    sender's uplink and its receiver's downlink, so a rank's sends share one link's bandwidth and
+    so do its receives. The model of a cluster of nodes on one Ethernet switch, and of the
+    virtual cluster's ``switch`` topology (:mod:`workbench.vcluster`), whose ports are shaped so."""
+    _check("switch", n=n)
+    hub = n
+    return Topology("switch", n, _both_ways((r, hub) for r in range(n)), switches=1,
+                    attach={r: hub for r in range(n)})
+
+
 #: ``parse`` spellings: kind -> (builder, what the numbers after the colon are, at most how many)
 KINDS = {
     "ring": (ring, "n", 1), "fully_connected": (fully_connected, "n", 1), "bus": (bus, "n", 1),
+    "switch": (switch, "n", 1),
     "torus": (torus, "ROWSxCOLS[xDEPTH]", 3), "mesh": (mesh, "ROWSxCOLS[xDEPTH]", 3),
     "fat_tree": (fat_tree, "NODES[xNODES_PER_LEAF[xSPINES]]", 3),
     "bigraph": (bigraph, "NODES[xSWITCHES_PER_LAYER]", 2),
@@ -274,7 +287,7 @@ KINDS = {
 
 def parse(spec: str) -> Topology:
     """A topology from ``"kind:AxB..."``, e.g. ``torus:8x8``, ``mesh:4x4``, ``ring:16``,
-    ``fully_connected:4``, ``bus:4``, ``fat_tree:64x8`` (nodes x nodes per leaf),
+    ``fully_connected:4``, ``bus:4``, ``switch:4``, ``fat_tree:64x8`` (nodes x nodes per leaf),
     ``bigraph:32x4`` (nodes x switches per layer)."""
     allowed = ", ".join(f"{k}:{form}" for k, (_, form, _) in KINDS.items())
     kind, _, numbers = str(spec).partition(":")

@@ -33,13 +33,10 @@ job id is in the cluster's record, so the next ``Cluster()`` after a kernel died
 from __future__ import annotations
 
 import json
-import logging
 import os
 import secrets
 import socket
-import sys
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +45,11 @@ import psutil
 from ...checks import integer
 from ...config import ConfigError, RunConfig
 from ..launch.blame import describe_end, rank_records
-from ..launch.mpiexec import GUARD, RANK_ENV, find_mpiexec
 from ..launch import slurm
-from ..launch.engines import LAUNCHERS, SRUN_DEFAULTS, SlurmCommandError, slurm_launcher
+from ..launch.engines import LAUNCHERS, SlurmCommandError
 from ..launch.shm import remove_orphaned_shm
-from .records import CLUSTER_ID_ENV, batch_dir, cleanup_stale_clusters, cmdline, guard_dir, kill, processes_of, remove_files_of, state_dir  # noqa: F401 - cleanup_stale_clusters, state_dir re-exported
+from .ipp_setup import KeptLog, use_slurm_of, virtual_cluster
+from .records import cleanup_stale_clusters, cmdline, guard_dir, kill, processes_of, remove_files_of, state_dir  # noqa: F401 - cleanup_stale_clusters re-exported
 
 #: seconds between two looks at a Slurm engine job's state while the engines come up
 SLURM_POLL_SECONDS = 0.5
@@ -65,25 +62,6 @@ def _string_list(name: str, value, example: str) -> list[str]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise ConfigError(f"{name}: expected a list of strings like {example}, got {value!r}")
     return list(value)
-
-class _KeptLog(logging.Handler):
-    """Keeps the last log records of a cluster's ipyparallel objects instead of printing them."""
-
-    def __init__(self, limit: int = 2000) -> None:
-        super().__init__(logging.INFO)
-        self.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-        self._records: deque[str] = deque(maxlen=limit)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            self._records.extend(self.format(record).splitlines())
-        except Exception:  # noqa: BLE001 - logging must never break a stop
-            pass
-
-    @property
-    def lines(self) -> list[str]:
-        return list(self._records)
-
 
 class Cluster:
     """ipyparallel engines that are MPI ranks (local ``mpiexec`` by default).
@@ -104,13 +82,20 @@ class Cluster:
         start_timeout: seconds to wait for all engines to register (a Slurm job still pending
             then is cancelled).
         ipp_config: extra ipyparallel configuration, ``{"Class": {"trait": value}}``.
+        vcluster: a :class:`~workbench.vcluster.VirtualCluster` (or the name of one that is up):
+            the engines run on its nodes (``engines="mpi"``: mpiexec across them; ``"slurm"``: a
+            job of the cluster's own Slurm), ``ppn`` per node; the controller, the live stream and
+            the engines' heartbeats listen on its head address; runs must write where its nodes see.
+        ppn: engines per node on ``vcluster`` (block placement, default 1).
     """
 
     def __init__(self, n: int = 4, engines: str = "mpi", *, reachable: bool = False,
                  account: str = "", queue: str = "", timelimit: str = "", options: str = "",
                  mpi_args: list[str] | None = None, srun_args: list[str] | None = None,
-                 start_timeout: float = 60.0, ipp_config: dict[str, dict[str, Any]] | None = None) -> None:
+                 start_timeout: float = 60.0, ipp_config: dict[str, dict[str, Any]] | None = None,
+                 vcluster=None, ppn: int = 1) -> None:
         integer("n: number of engines", n, error=ConfigError)
+        self.vcluster, self.ppn = virtual_cluster(vcluster, engines, n, ppn, reachable), ppn
         if engines not in LAUNCHERS:
             raise ConfigError(f"engines: unknown launcher {engines!r}; allowed: {', '.join(LAUNCHERS)}")
         mpi_args = _string_list("mpi_args", mpi_args, "['-bind-to', 'core']")
@@ -142,58 +127,14 @@ class Cluster:
         self.engines_need_restart = False
         self.slurm_job: str | None = None  # the engines' current Slurm job (engines="slurm")
         self._slurm_jobs: list[str] = []  # every engine job this cluster submitted
-        self._log = _KeptLog()
+        self._log = KeptLog()
+        self._heartbeats = None  # engines on a virtual cluster beat here (runtime.launch.heartbeat)
+        self._slurm_env_before: dict | None = None
 
     # -- configuration ---------------------------------------------------------------------
     def _ipp_cluster(self):
-        import ipyparallel as ipp
-        from traitlets.config import Config
-
-        s, prefix = self._settings, LAUNCHERS[self.engines]
-        config = Config()
-        engine_launcher = f"{prefix}EngineSetLauncher"
-        bin_dir = str(Path(sys.executable).parent)
-        cluster_id = f"wb-{os.getpid()}-{secrets.token_hex(3)}"
-        environment = {**RANK_ENV, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""),
-                       CLUSTER_ID_ENV: cluster_id}
-        config[engine_launcher].environment = environment
-        # the controller runs here whatever starts the engines (ipp.Cluster(engines=...) sets only
-        # the engine launcher): marked, so a dead kernel's controller is found and stopped
-        config.LocalControllerLauncher.environment = {CLUSTER_ID_ENV: cluster_id}
-        if self.engines == "mpi":
-            config.MPIEngineSetLauncher.mpi_cmd = [find_mpiexec()]
-            config.MPIEngineSetLauncher.mpi_args = s["mpi_args"]
-            # each engine under the rank guard, which records how it ended (see runtime.rankguard)
-            config.MPIEngineSetLauncher.engine_cmd = [sys.executable, "-I", str(GUARD), str(guard_dir(cluster_id)),
-                                                      sys.executable, "-m", "ipyparallel.engine"]
-        else:
-            config[engine_launcher].engine_args = ["--mpi"]  # engine id order = MPI rank order
-            if self.engines == "slurm":
-                config[engine_launcher].srun_args = SRUN_DEFAULTS + s["srun_args"]
-                config[engine_launcher].state_folder = str(batch_dir(cluster_id))
-                config[engine_launcher].engine_cmd = [sys.executable, "-I", str(GUARD), str(guard_dir(cluster_id)),
-                                                      sys.executable, "-m", "ipyparallel.engine"]
-            for trait in ("account", "queue", "timelimit"):
-                if s[trait]:
-                    config[engine_launcher][trait] = s[trait]
-            if s["options"]:
-                config[engine_launcher].options = s["options"]
-        for cls, traits in s["ipp_config"].items():
-            for trait, value in traits.items():
-                config[cls][trait] = value
-        location = {"controller_ip": "*", "controller_location": socket.gethostname()} \
-            if s["reachable"] else {"controller_ip": "127.0.0.1"}
-        profile_dir = state_dir() / "ipython"
-        profile_dir.mkdir(parents=True, exist_ok=True)
-        engines = slurm_launcher() if self.engines == "slurm" else self.engines
-        # ipyparallel logs to the notebook's output in a kernel (the engines' whole log when they
-        # are stopped): keep it here instead, shown only when something failed (log_tail())
-        log = logging.getLogger(f"workbench.cluster.{cluster_id}")
-        log.handlers, log.propagate = [self._log], False
-        log.setLevel(logging.INFO)
-        return ipp.Cluster(engines=engines, n=self.n, config=config, log_level=logging.INFO, log=log,
-                           controller_args=["--HeartMonitor.period=500"], profile_dir=str(profile_dir),
-                           shutdown_atexit=True, cluster_id=cluster_id, **location)
+        from .ipp_setup import ipp_cluster
+        return ipp_cluster(self, f"wb-{os.getpid()}-{secrets.token_hex(3)}")
 
     def batch_script(self, workdir: str | os.PathLike | None = None) -> str:
         """The engines' batch script as it would be submitted (batch systems only)."""
@@ -219,8 +160,13 @@ class Cluster:
         if self._ipp is not None:
             return self
         cleanup_stale_clusters()
+        if self.vcluster is not None:
+            from ..launch.heartbeat import Listener
+            self._heartbeats = Listener(self.vcluster.head_address, self.n)
+            if self.engines == "slurm":
+                use_slurm_of(self, self.vcluster)
         self._ipp = self._ipp_cluster()
-        guard_dir(self._ipp.cluster_id).mkdir(parents=True, exist_ok=True, mode=0o700)
+        guard_dir(self._ipp.cluster_id, self.files).mkdir(parents=True, exist_ok=True, mode=0o700)
         self._ipp.start_controller_sync()
         self._record()
         try:
@@ -275,24 +221,8 @@ class Cluster:
     def _check_slurm_job(self, registered: int, timed_out: bool) -> None:
         """While the engines come up: a job that ended is an error with its Slurm output; one still
         pending at the timeout is cancelled and named with Slurm's reason."""
-        state = slurm.job_state(self.slurm_job)
-        if state is None or state[0] not in slurm.ACTIVE_STATES:
-            raise RuntimeError(
-                f"the engines' Slurm job {self.slurm_job} ended ({state[0] if state else 'gone from squeue'}) "
-                f"after {registered} of {self.n} engines registered; its output ({self._slurm_output}):\n"
-                f"{self.slurm_output()}")
-        if state[0] == "PENDING" and state[1] in slurm.NEVER_REASONS:
-            slurm.cancel([self.slurm_job])
-            raise RuntimeError(
-                f"the engines' Slurm job {self.slurm_job} ({self.n} tasks) can never start: Slurm's reason "
-                f"{state[1]} ({slurm.NEVER_REASONS[state[1]]}); the job was cancelled. Ask for fewer engines (n) "
-                "or another partition (queue)")
-        if timed_out and state[0] == "PENDING":
-            slurm.cancel([self.slurm_job])
-            raise TimeoutError(
-                f"the engines' Slurm job {self.slurm_job} ({self.n} tasks) was still pending after "
-                f"{self.start_timeout:g} s (start_timeout), Slurm's reason: {state[1]}; the job was cancelled. "
-                "Ask for fewer engines (n), another partition (queue) or a longer start_timeout")
+        slurm.check_engine_job(self.slurm_job, self.n, registered, timed_out, self.start_timeout,
+                               self._slurm_output, self.slurm_output)
 
     def slurm_output(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the engines' Slurm job output (``engines="slurm"``)."""
@@ -320,7 +250,7 @@ class Cluster:
         self.ranks = dict(zip(view.targets, ranks))
         self.pids = dict(zip(ranks, pids))  # rank -> engine process id
         self.hosts = dict(zip(ranks, hosts))  # rank -> host name
-        for old in guard_dir(self._ipp.cluster_id).glob("*.status"):  # ends of replaced engines
+        for old in guard_dir(self._ipp.cluster_id, self.files).glob("*.status"):  # ends of replaced engines
             old.unlink(missing_ok=True)
         if sorted(ranks) != list(range(self.n)):
             if self.engines == "slurm":
@@ -333,9 +263,10 @@ class Cluster:
         view.execute("import workbench.runtime.rank.sink", block=False)
 
     def _local_ranks(self) -> dict[int, int]:
-        """rank -> engine pid of the engines this process can see: all of a local cluster's, the
-        ones on this host of a Slurm cluster (other batch systems: none)."""
-        if self.engines == "mpi":
+        """rank -> engine pid of the engines this process can see: all of a local cluster's and a
+        virtual cluster's (its nodes share this host's process table), the ones on this host of a
+        Slurm cluster (other batch systems: none)."""
+        if self.engines == "mpi" or self.vcluster is not None:
             return dict(self.pids)
         if self.engines == "slurm":
             here = socket.gethostname()
@@ -362,13 +293,52 @@ class Cluster:
         if self._ipp is None or self.engines not in ("mpi", "slurm"):
             return []
         current = set(self.pids.values())
-        _, ends = rank_records(guard_dir(self._ipp.cluster_id))
+        _, ends = rank_records(guard_dir(self._ipp.cluster_id, self.files))
         return [{**end, "how": describe_end(end)} for end in ends if end.get("pid") in current]
 
     def healthy(self) -> bool:
-        """All of this cluster's engines are registered and none needs replacing."""
+        """All of this cluster's engines are registered, none needs replacing and none went silent."""
         return (self.client is not None and not self.engines_need_restart
-                and all(e in self.client.ids for e in self.engine_ids))
+                and all(e in self.client.ids for e in self.engine_ids) and not self.lost())
+
+    def failed_nodes(self) -> dict[str, str]:
+        """Nodes of this cluster's engines that its batch system has taken out of service (Slurm:
+        DOWN, DRAIN, FAIL, not responding), with Slurm's reason; {} otherwise."""
+        if self.engines != "slurm" or not self.hosts:
+            return {}
+        return slurm.failed_nodes(set(self.hosts.values()))
+
+    def lost(self, ranks: int | None = None) -> list[dict]:
+        """Engines (of the first ``ranks``) whose heartbeats stopped: their node was cut off or hung
+        (engines on a virtual cluster; [] otherwise). See :mod:`workbench.runtime.launch.heartbeat`."""
+        if self._heartbeats is None:
+            return []
+        return [s for s in self._heartbeats.silent() if ranks is None or s["rank"] < ranks]
+
+    # -- where things are --------------------------------------------------------------------
+    @property
+    def files(self) -> Path:
+        """The folder of this cluster's files (connection files, the guards' records, batch files): the
+        state folder, or on a virtual cluster whose nodes do not see it, its shared folder's ``.workbench``."""
+        if self.vcluster is None or self.vcluster.visible(state_dir()):
+            return state_dir()
+        return self.vcluster.shared / ".workbench"
+
+    @property
+    def listen_ip(self) -> str:
+        """Where the controller and every run's live stream listen."""
+        from .ipp_setup import listen_ip
+        return listen_ip(self)
+
+    @property
+    def advertised_ip(self) -> str:
+        """The address engines connect to."""
+        from .ipp_setup import advertised_ip
+        return advertised_ip(self)
+
+    @property
+    def heartbeat_env(self) -> dict[str, str]:
+        return self._heartbeats.env if self._heartbeats is not None else {}
 
     def view(self):
         """A DirectView on this cluster's current engines (all MPI ranks)."""
@@ -384,6 +354,8 @@ class Cluster:
         old = frozenset(self._engine_keys())
         self.kill_engines()
         self._ipp.stop_engines_sync()
+        if self._heartbeats is not None:
+            self._heartbeats.restart()
         self._start_engines(exclude=old)
 
     def kill_engines(self) -> None:
@@ -421,10 +393,14 @@ class Cluster:
                 slurm.wait_gone(self._slurm_jobs, timeout=15)
             kill(processes_of(self._ipp.cluster_id))  # anything that did not stop
             self._record_path().unlink(missing_ok=True)
-            remove_files_of(self._ipp.cluster_id, self._ipp.cluster_file)
+            remove_files_of(self._ipp.cluster_id, self._ipp.cluster_file, self.files)
             remove_orphaned_shm()
             self._ipp, self.client, self.ranks, self.engine_ids = None, None, {}, []
             self.slurm_job, self._slurm_jobs = None, []
+            if self._heartbeats is not None:
+                self._heartbeats.close()
+                self._heartbeats = None
+            use_slurm_of(self, None)
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines ipyparallel logged for this cluster (controller and engines'
@@ -441,6 +417,7 @@ class Cluster:
         path.write_text(json.dumps({"cluster_id": self._ipp.cluster_id, "owner_pid": me.pid,
                                     "owner_started": me.create_time(), "cluster_file": self._ipp.cluster_file,
                                     "engines": self.engines, "n": self.n, "started": time.time(),
+                                    "files": str(self.files),
                                     "slurm_jobs": self._slurm_jobs}))
 
     def __enter__(self) -> "Cluster":
@@ -455,7 +432,8 @@ class Cluster:
 
     def __repr__(self) -> str:
         state = "stopped" if self._ipp is None else f"running, id {self._ipp.cluster_id}"
-        return f"<workbench.Cluster n={self.n} engines={self.engines!r} ({state})>"
+        where = f" on vcluster {self.vcluster.name}" if self.vcluster is not None else ""
+        return f"<workbench.Cluster n={self.n} engines={self.engines!r}{where} ({state})>"
 
     # -- training --------------------------------------------------------------------------
     def train(self, cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, store=None,

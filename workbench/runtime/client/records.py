@@ -30,14 +30,15 @@ def state_dir() -> Path:
     return Path(os.environ.get("WORKBENCH_STATE_DIR", Path.home() / ".cache" / "workbench"))
 
 
-def guard_dir(cluster_id: str) -> Path:
-    """Where the guards of a cluster's engines record how each engine ended."""
-    return state_dir() / "exits" / cluster_id
+def guard_dir(cluster_id: str, base: Path | None = None) -> Path:
+    """Where the guards of a cluster's engines record how each engine ended (under ``base``, the
+    cluster's files: default :func:`state_dir`)."""
+    return (base or state_dir()) / "exits" / cluster_id
 
 
-def batch_dir(cluster_id: str) -> Path:
+def batch_dir(cluster_id: str, base: Path | None = None) -> Path:
     """Where a batch-system cluster's engine job script and the batch system's output go."""
-    return state_dir() / "batch" / cluster_id
+    return (base or state_dir()) / "batch" / cluster_id
 
 
 def _owner_alive(record: dict) -> bool:
@@ -105,7 +106,7 @@ def cleanup_stale_clusters() -> list[str]:
             slurm.cancel(record["slurm_jobs"])
             slurm.wait_gone(record["slurm_jobs"], timeout=10)
         kill(processes_of(record["cluster_id"]))
-        remove_files_of(record["cluster_id"], record.get("cluster_file"))
+        remove_files_of(record["cluster_id"], record.get("cluster_file"), Path(record.get("files") or state_dir()))
         path.unlink(missing_ok=True)
         stopped.append(record["cluster_id"])
     if stopped:
@@ -113,17 +114,19 @@ def cleanup_stale_clusters() -> list[str]:
     return stopped
 
 
-def remove_files_of(cluster_id: str, cluster_file: str | None) -> None:
-    """Everything a cluster leaves in the state folder: ipyparallel's cluster file, the
-    controller's connection files (they hold the keys to the cluster), logs, exit records."""
-    profile = state_dir() / "ipython"
+def remove_files_of(cluster_id: str, cluster_file: str | None, base: Path | None = None) -> None:
+    """Everything a cluster leaves in its files' folder (``base``, default the state folder):
+    ipyparallel's cluster file, the controller's connection files (they hold the keys to the
+    cluster), logs, exit records, batch files."""
+    base = base or state_dir()
+    profile = base / "ipython"
     paths = [*(profile / "security").glob(f"ipcontroller-{cluster_id}-*.json"),
              *(profile / "log").glob(f"*{cluster_id}*"), *(profile / "pid").glob(f"*{cluster_id}*")]
     if cluster_file:
         paths.append(Path(cluster_file))
     for path in paths:
         path.unlink(missing_ok=True)
-    shutil.rmtree(guard_dir(cluster_id), ignore_errors=True)
-    shutil.rmtree(batch_dir(cluster_id), ignore_errors=True)
+    shutil.rmtree(guard_dir(cluster_id, base), ignore_errors=True)
+    shutil.rmtree(batch_dir(cluster_id, base), ignore_errors=True)
 
 

@@ -24,16 +24,21 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from pathlib import Path
 
 import zmq
 
 from ...config import RunConfig
 from ...results import RunObserver, RunResult, history_frame
 from ..rundir import CANCEL_FILE, make_run_dir, run_id_for, runs_root
+from ..launch.blame import who_is
 from ..rank.sink import engine_train
 from ..stream import MAX_MESSAGE_BYTES, new_secret, verify
 
 GRACE_SECONDS = 3.0
+#: seconds an engine may be dead while the run goes on before the others are stopped (a whole MPI
+#: job ends within about a second of losing a rank; one that does not is stuck)
+DEAD_GRACE_SECONDS = 5.0
 STORE_EVERY_SECONDS = 1.0
 
 
@@ -69,7 +74,12 @@ class Run:
         self.store = _open_store(store)
         # a unique id in the store whatever the folder is called; a folder that holds a run is refused
         self.run_id = run_id_for(run_dir, cfg, self.store)
-        self.run_dir = make_run_dir(run_dir if run_dir is not None else runs_root() / self.run_id).resolve()
+        if cluster.vcluster is not None:  # rank 0 writes the run's files, every rank reads CANCEL there
+            from ..launch.batch import check_visible, runs_folder
+            run_dir = Path(run_dir) if run_dir is not None else runs_folder(cluster.vcluster) / self.run_id
+            check_visible(cluster.vcluster, {"run_dir": run_dir})
+        run_dir = Path(run_dir if run_dir is not None else runs_root() / self.run_id)
+        self.run_dir = make_run_dir(run_dir).resolve()
         (self.run_dir / "config.json").write_text(cfg.to_json())
         self.total_steps = _expected_steps(cfg)
         self.status, self.error, self.summary, self.result = "running", None, None, None
@@ -93,10 +103,8 @@ class Run:
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(zmq.PULL)
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        host = "*" if cluster._settings["reachable"] else "127.0.0.1"
-        port = self._socket.bind_to_random_port(f"tcp://{host}")
-        advertised = cluster._ipp.controller_location if host == "*" else "127.0.0.1"
-        self.address = address = f"tcp://{advertised}:{port}"  # the live stream (signed messages only)
+        port = self._socket.bind_to_random_port(f"tcp://{cluster.listen_ip}")
+        self.address = address = f"tcp://{cluster.advertised_ip}:{port}"  # the live stream (signed messages only)
         self._async = cluster.view().apply_async(engine_train, self.config, str(self.run_dir),
                                                  address, self.run_id, self._secret)
         self._thread = threading.Thread(target=self._receive, name=f"run-{self.run_id}", daemon=True)
@@ -158,7 +166,10 @@ class Run:
         return self.result
 
     def _restart_if_needed(self) -> None:
-        if self.cluster.engines_need_restart and self.cluster.active_run is self:
+        # engines whose node stopped answering, or that the batch system took out, cannot come back
+        # now: the next train() restarts them
+        if (self.cluster.engines_need_restart and self.cluster.active_run is self and not self.cluster.lost()
+                and not self.cluster.failed_nodes()):
             self.cluster.restart_engines()
 
     def __repr__(self) -> str:
@@ -174,6 +185,7 @@ class Run:
         stored = 0
         next_store = time.monotonic() + STORE_EVERY_SECONDS
         next_health_check = 0.0
+        dead_since = None
         try:
             while True:
                 if poller.poll(20):
@@ -182,12 +194,26 @@ class Run:
                 if self.store is not None and now >= next_store:
                     stored = self._store_metrics(stored)
                     next_store = now + STORE_EVERY_SECONDS
-                if self._first_dead is None and now >= next_health_check:
+                if now >= next_health_check:
                     # MPI kills the whole job when one engine dies, about a second later: a
                     # rank seen dead alone is the one that died first
                     dead = self.cluster.dead_ranks()
-                    self._first_dead = dead[0] if len(dead) == 1 else None
+                    if self._first_dead is None:
+                        self._first_dead = dead[0] if len(dead) == 1 else None
+                    dead_since = dead_since if dead else None
+                    dead_since = dead_since or (now if dead else None)
                     next_health_check = now + 0.02
+                    if dead_since is not None and now - dead_since > DEAD_GRACE_SECONDS and not self._async.ready():
+                        # engines died and the others did not end: they wait in MPI for the dead
+                        self._hard_stop("failed", f"engines of ranks {dead} died and the run did not end; it was "
+                                                  "stopped")
+                        break
+                    lost = self.cluster.lost(self.cfg.ranks)
+                    if lost:  # a node cut off or hung: nothing will end by itself
+                        from ..launch.heartbeat import describe
+                        self._hard_stop("failed", f"{describe(lost, self.cluster.hosts)}; the run was stopped")
+                        self.failed_rank = lost[0]["rank"]
+                        break
                 if self._async.ready():
                     self._drain()
                     break
@@ -258,15 +284,23 @@ class Run:
         if self._killed:
             return False
         exits = self.cluster.exits()
-        if exits:
+        failed = self.cluster.failed_nodes()
+        if failed:  # the batch system lost a node: that, not the ranks it then killed, is the cause
+            on = {r: h for r, h in self.cluster.hosts.items() if h in failed}
+            rank = min(on) if on else None
+            text = "; ".join(f"node {node} failed ({why})" + (f": rank {', '.join(str(r) for r in sorted(on) if on[r] == node)} "
+                                                              "ran there" if node in on.values() else "")
+                             for node, why in failed.items())
+            text += "; the batch system ended the engines' job, and with it the other ranks."
+        elif exits:
             first = exits[0]
             rank = first["rank"]
-            text = (f"rank {rank} (pid {first['pid']} on {first['host']}) {first['how']}: its engine died "
+            text = (f"{who_is(rank, first['host'], first['pid'])} {first['how']}: its engine died "
                     "(killed from outside Python, out of memory, or a crash in C); MPI then stopped the "
                     "other ranks.")
         elif self._first_dead is not None:  # no record (its guard was killed too): seen dead alone
             rank = self._first_dead
-            text = (f"rank {rank} (pid {self.cluster.pids.get(rank)} on {self.cluster.hosts.get(rank)}) died: its "
+            text = (f"{who_is(rank, self.cluster.hosts.get(rank), self.cluster.pids.get(rank))} died: its "
                     "engine was killed, ran out of memory or crashed outside Python; MPI then stopped the "
                     "other ranks.")
         else:

@@ -16,16 +16,21 @@ from ...config import RunConfig
 from . import slurm
 from .blame import NOT_ONE_JOB, MPILaunchError
 from .mpiexec import default_launcher, run_mpi
+from .signals import RunInterrupted
 from ..rundir import CANCEL_FILE, make_run_dir, new_run_id, runs_root
 
 
 def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: str | os.PathLike | None = None,
           timeout: float = 1800, stream: bool = False, grace: float = 10.0, launcher: str | None = None,
-          srun_args: list[str] | tuple[str, ...] = ()) -> dict:
+          srun_args: list[str] | tuple[str, ...] = (), vcluster=None, ppn: int = 1) -> dict:
     """Run ``cfg`` under mpiexec and return its summary (also in ``run_dir/summary.json``).
 
     ``launcher``: ``"mpiexec"`` or ``"srun"`` (a job step of the current Slurm allocation, with
     ``srun_args``); default: ``srun`` when ``SLURM_JOB_ID`` is set, else ``mpiexec``.
+    ``vcluster``: a :class:`~workbench.vcluster.VirtualCluster` (or its name): the ranks run on its
+    nodes, ``ppn`` per node; the run directory must be one the nodes see (its shared folder, or
+    anywhere outside ``/tmp`` and ``/dev/shm``). The job's own files (each rank's output, how each
+    rank ended) go into ``<run_dir>/job`` on every launcher, so ranks on other nodes can write them.
 
     ``resume``: a run directory with a checkpoint; the run continues from its newest complete
     checkpoint (bit for bit for the synchronous algorithms; each rank from its own newest state
@@ -39,6 +44,13 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
     ``"cancelled": true``; a job still running ``grace`` seconds later is killed. Either way
     :class:`~workbench.runtime.launch.signals.RunInterrupted` is raised once no process is left.
     """
+    options = {}
+    if vcluster is not None:
+        from ...vcluster import VirtualCluster
+        vcluster = VirtualCluster.attach(vcluster) if isinstance(vcluster, str) else vcluster
+        run_dir = Path(run_dir if run_dir is not None else runs_folder(vcluster) / new_run_id(cfg))
+        check_visible(vcluster, {"run_dir": run_dir, "resume": resume})
+        options = vcluster.run_options(cfg.ranks, ppn, job_dir=run_dir / JOB_FOLDER)
     run_dir = make_run_dir(run_dir if run_dir is not None else runs_root() / new_run_id(cfg))
     (run_dir / "config.json").write_text(cfg.to_json())
     cancel_flag = run_dir / CANCEL_FILE  # the ranks' cooperative-cancel flag
@@ -49,8 +61,18 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
     launcher = launcher or default_launcher()
     try:
         run_mpi(cfg.ranks, args, timeout=timeout, stream=stream, grace=grace, launcher=launcher,
-                srun_args=srun_args,
+                srun_args=srun_args, **{"job_dir": run_dir / JOB_FOLDER, **options},
                 on_interrupt=lambda: cancel_flag.write_text("cancelled by a signal to the launcher\n"))
+    except RunInterrupted as exc:
+        # inside a Slurm job, SIGTERM may be Slurm ending the job because a node failed: that is a failure
+        lost = slurm.failed_nodes(slurm.allocation_nodes()) if slurm.in_allocation() and exc.signum == 15 else {}
+        if not lost:
+            raise
+        ranks = {node: sorted(r for r, h in exc.hosts.items() if h == node) for node in lost}
+        raise MPILaunchError("; ".join(f"node {node} failed ({why})" + (f": rank {', '.join(map(str, ranks[node]))} ran "
+                                       "there" if ranks[node] else "") for node, why in lost.items())
+                             + f"; Slurm cancelled job {os.environ.get('SLURM_JOB_ID')} and with it the run",
+                             sorted(r for rs in ranks.values() for r in rs), "") from None
     except MPILaunchError as exc:
         if NOT_ONE_JOB not in exc.output:
             raise
@@ -63,9 +85,33 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
                              exc.failed_ranks, exc.output) from None
     finally:
         cancel_flag.unlink(missing_ok=True)
+        try:
+            (run_dir / JOB_FOLDER).rmdir()  # the job's own files are gone with it
+        except OSError:
+            pass
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["run_dir"] = str(run_dir)
     return summary
+
+
+#: the job's own folder inside a run directory (ranks' output, their guards' records), removed at the end
+JOB_FOLDER = "job"
+
+
+def runs_folder(vcluster) -> Path:
+    """Where runs on ``vcluster`` go by default: the usual runs folder when its nodes see it, else
+    ``runs/`` in its shared folder."""
+    return runs_root() if vcluster.visible(runs_root()) else vcluster.shared / "runs"
+
+
+def check_visible(vcluster, paths: dict) -> None:
+    """ConfigError naming the first of ``paths`` (name -> path or None) the nodes do not see."""
+    from ...config import ConfigError
+    for name, path in paths.items():
+        if path is not None and not vcluster.visible(path):
+            raise ConfigError(f"{name}: {path} is not seen by the nodes of vcluster {vcluster.name} (each node has its "
+                              f"own /tmp and /dev/shm); use a folder under its shared folder {vcluster.shared} or "
+                              "outside /tmp")
 
 
 def time_to_accuracy(run_dir: str | os.PathLike, target: float) -> float | None:

@@ -79,6 +79,11 @@ def failed_ranks(result: MPIResult) -> list[int]:
             if "Traceback (most recent call last)" in text or _MPICH_ABORT.search(text)]
 
 
+def who_is(rank, host: str | None, pid: int | None) -> str:
+    """``rank 3 on node vc-2 (pid 4242)``: how every error names a rank (the node, then the pid)."""
+    return f"rank {rank}" + (f" on node {host}" if host else "") + (f" (pid {pid})" if pid else "")
+
+
 def describe_end(record: dict) -> str:
     """``was killed by signal 9 (SIGKILL)`` or ``exited with code 3`` for a rank's end record."""
     if record.get("signal"):
@@ -105,6 +110,7 @@ def rank_records(status_dir: Path) -> tuple[dict[int, dict], list[dict]]:
     return starts, sorted(ends, key=lambda r: r.get("time", 0))
 
 
+_SRUN_NODE_FAILURE = re.compile(r"srun: error: Node failure on (\S+)")
 _HYDRA_BAD = re.compile(r"PID (\d+) RUNNING AT (\S+)\s*\n=\s*EXIT CODE: (\d+)")
 _SRUN_BAD = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (?:Exited with exit code (\d+)|(.+))$", re.M)
 _HYDRA_SIGNAL = re.compile(r"KILLED BY SIGNAL: (\d+)|\(signal (\d+)\)")
@@ -153,13 +159,20 @@ def _signal_number(description: str) -> int | None:
 
 
 def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[dict],
-            abort_kills_all: bool = False) -> MPILaunchError:
+            abort_kills_all: bool = False, vanished: dict[int, float] | None = None) -> MPILaunchError:
     """The error for a job that exited non-zero, blaming the rank whose process ended first.
 
     ``abort_kills_all``: the launcher answers an ``MPI_Abort`` by SIGKILLing every task at once,
     the aborting one included (srun), so whichever guard records its SIGKILL first says nothing:
     when one rank called ``MPI_Abort`` and every recorded end is a SIGKILL, that rank is named."""
     head = f"MPI job on {nranks} ranks exited with code {result.returncode}"
+    lost = _SRUN_NODE_FAILURE.search(result.output)
+    if lost:  # Slurm lost a node (its slurmd stopped answering): the ranks it then killed are not the cause
+        node = lost.group(1)
+        ranks = sorted(r for r, s in starts.items() if s.get("host") == node)
+        on = f": rank {', '.join(map(str, ranks))} ran there" if ranks else ""
+        return MPILaunchError(f"node {node} failed (srun: Node failure on {node}){on}; {head} (Slurm ended the job "
+                              f"step, and with it the other ranks)\n{tail(result.output, 20)}", ranks, result.output)
     traced = failed_ranks(result)
     first = _first_death(result, starts, ends)
     # a rank that called MPI_Abort (mpi4py does on an uncaught exception) takes the others
@@ -169,18 +182,18 @@ def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[
     if (abort_kills_all and len(aborted) == 1 and first is not None and first.get("signal") == 9
             and all(e.get("signal") == 9 for e in ends if e.get("signal") or e.get("exit_code"))):
         first = None
+    if first is None and vanished and not traced:  # ranks gone with their guards: their node's processes were killed
+        return _vanished(head, result, starts, vanished)
     if first is None or not isinstance(first.get("rank"), int):
         who = f"rank(s) {', '.join(map(str, traced))} failed" if traced else "the job failed"
         detail = "\n".join(_traceback_of(result, r) for r in traced) or tail(result.output)
         if len(aborted) == 1:
             [(rank, code)] = aborted
             where = starts.get(rank, {})
-            pid = f" (pid {where['pid']} on {where.get('host')})" if "pid" in where else ""
-            head = f"rank {rank}{pid} raised an exception and called MPI_Abort with code {code}: {head}"
+            head = f"{who_is(rank, where.get('host'), where.get('pid'))} raised an exception and called MPI_Abort with code {code}: {head}"
         return MPILaunchError(f"{head}: {who}\n{detail}", traced, result.output)
     rank = first["rank"]
-    where = f"pid {first['pid']} on {first.get('host')}" if first.get("pid") else f"on {first.get('host')}"
-    blame = f"rank {rank} ({where}) {describe_end(first)}"
+    blame = f"{who_is(rank, first.get('host'), first.get('pid'))} {describe_end(first)}"
     if rank in traced:  # it raised: its traceback says why
         return MPILaunchError(f"{blame}: {head}: rank(s) {rank} failed\n{_traceback_of(result, rank)}",
                               [rank], result.output)
@@ -188,6 +201,20 @@ def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[
     detail = f"\n--- rank {rank} ---\n{last_words}" if last_words.strip() else ""
     return MPILaunchError(f"{blame}; {head} (the other ranks were stopped after it){detail}",
                           [rank], result.output)
+
+
+def _vanished(head: str, result: MPIResult, starts: dict[int, dict], vanished: dict[int, float]) -> MPILaunchError:
+    """The error for ranks that vanished with their guards (no record of how they ended): the first
+    to go is named, with the other ranks of its node that went too."""
+    first = min(vanished, key=vanished.get)
+    start = starts.get(first, {})
+    host = start.get("host")
+    others = sorted(r for r in vanished if r != first and host and starts.get(r, {}).get("host") == host)
+    return MPILaunchError(
+        f"{who_is(first, host, start.get('pid'))} vanished with its guard, with no record of how it ended (killed "
+        f"from outside together with it: its node's processes were killed?)"
+        + (f"; rank {', '.join(map(str, others))} on the same node went too" if others else "")
+        + f"; {head} (the other ranks were stopped after it)\n{tail(result.output, 20)}", [first, *others], result.output)
 
 
 def tail(text: str, lines: int = 60) -> str:

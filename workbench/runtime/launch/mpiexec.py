@@ -16,23 +16,22 @@ cancels its step (``scancel``), whose tasks are not this process's descendants.
 """
 from __future__ import annotations
 
-import codecs
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
 from ...checks import integer
 from . import slurm
+from .heartbeat import Listener, describe as describe_silent
+from .job import Job, running as _running
 from .blame import MPILaunchError, MPIResult, collect_output, failed_ranks, failure, rank_records, tail
 from .shm import remove_orphaned_shm
-from .signals import RunInterrupted, handling_signals
+from .signals import RunInterrupted
 
 #: Environment for every rank: one thread each. Two threads per rank on 2 cores made 4 ranks
 #: about 50x slower on the development machine.
@@ -89,8 +88,9 @@ def _is_hydra(mpiexec: str) -> bool:
 
 def mpiexec_command(nranks: int, python_args: Sequence[str], *,
                     output_dir: str | os.PathLike | None = None,
-                    guard_dir: str | os.PathLike | None = None) -> list[str]:
-    """The argv that runs ``python -m mpi4py <python_args>`` on ``nranks`` ranks.
+                    guard_dir: str | os.PathLike | None = None, mpi_args: Sequence[str] = ()) -> list[str]:
+    """The argv that runs ``python -m mpi4py <python_args>`` on ``nranks`` ranks (``mpi_args``:
+    more arguments of mpiexec, such as a virtual cluster's hosts and launcher).
 
     With ``output_dir``, each rank's stdout and stderr go to ``output_dir/rank<R>.out`` and
     ``.err`` (hydra's ``-outfile-pattern``; exact text, unlike ``-prepend-rank``, which tags
@@ -100,7 +100,7 @@ def mpiexec_command(nranks: int, python_args: Sequence[str], *,
     """
     integer("nranks", nranks)
     mpiexec = find_mpiexec()
-    cmd = [mpiexec, "-n", str(nranks)]
+    cmd = [mpiexec, "-n", str(nranks), *mpi_args]
     if output_dir is not None:
         if _is_hydra(mpiexec):
             cmd += ["-outfile-pattern", f"{output_dir}/rank%r.out",
@@ -128,16 +128,27 @@ def srun_command(nranks: int, python_args: Sequence[str], *, srun_args: Sequence
 def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
             env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
             stream: bool = False, on_interrupt: Callable[[], object] | None = None,
-            grace: float = 10.0, launcher: str = "mpiexec", srun_args: Sequence[str] = ()) -> MPIResult:
+            grace: float = 10.0, launcher: str = "mpiexec", srun_args: Sequence[str] = (),
+            mpi_args: Sequence[str] = (), job_dir: str | os.PathLike | None = None,
+            heartbeat: str | None = None) -> MPIResult:
     """Run ``python -m mpi4py <python_args>`` on ``nranks`` ranks and wait (at most ``timeout`` s).
 
-    ``launcher``: ``"mpiexec"`` (default) or ``"srun"`` (a job step of the current Slurm
-    allocation, with ``srun_args``).
+    ``launcher``: ``"mpiexec"`` (default, with ``mpi_args``) or ``"srun"`` (a job step of the
+    current Slurm allocation, with ``srun_args``).
+
+    ``job_dir``: where the job's own folder goes (each rank's output and how each rank ended, as
+    its guard recorded it): a folder every node sees (the run directory, a cluster's shared
+    folder) when ranks run on other nodes; default this host's temporary folder.
+
+    ``heartbeat``: an address of this host that the ranks' nodes reach (a virtual cluster's head
+    address): each rank's guard then sends heartbeats there (:mod:`.heartbeat`), and a rank silent
+    for :data:`~.heartbeat.TIMEOUT` seconds (its node cut off or hung) stops the job with an
+    :class:`MPILaunchError` naming that rank and its node, instead of waiting for ``timeout``.
 
     With ``stream=True`` output is also shown as it comes on this process's stdout/stderr (for
     the CLI); it is captured per rank either way.
     Raises :class:`MPILaunchError` when the job exits non-zero or times out: its message starts
-    with the rank whose process ended first and how (``rank 2 (pid 4242 on node7) was killed by
+    with the rank whose process ended first and how (``rank 2 on node node7 (pid 4242) was killed by
     signal 9 (SIGKILL)``, or exited with a code, with that rank's traceback if it raised); every
     process of the job is killed on timeout.
 
@@ -152,19 +163,25 @@ def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if launcher not in LAUNCHER_NAMES:
         raise ValueError(f"launcher must be one of {', '.join(LAUNCHER_NAMES)}, got {launcher!r}")
-    with tempfile.TemporaryDirectory(prefix="workbench-mpi-", ignore_cleanup_errors=True) as tmp:
+    if job_dir is not None:
+        Path(job_dir).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="workbench-mpi-", dir=job_dir, ignore_cleanup_errors=True) as tmp:
         status_dir = Path(tmp) / "ranks"
         status_dir.mkdir()
         name = f"workbench-{os.getpid()}-{Path(tmp).name.rsplit('-', 1)[-1]}"  # unique: the temporary folder's
         if launcher == "srun":
             cmd = srun_command(nranks, python_args, srun_args=srun_args, guard_dir=status_dir, name=name)
         else:
-            cmd = mpiexec_command(nranks, python_args, output_dir=tmp, guard_dir=status_dir)
-        job = _Job(cmd, rank_environment(env), cwd, stream, Path(tmp), status_dir)
+            cmd = mpiexec_command(nranks, python_args, output_dir=tmp, guard_dir=status_dir, mpi_args=mpi_args)
+        listener = Listener(heartbeat, nranks) if heartbeat else None
+        env = {**(env or {}), **(listener.env if listener else {})}
+        job = Job(cmd, rank_environment(env), cwd, stream, Path(tmp), status_dir, listener)
         outcome = "failed"  # job.wait itself raised
         try:
             outcome = job.wait(timeout, on_interrupt, grace)
         finally:
+            if listener is not None:
+                listener.close()
             job.stop(immediate=True)  # nothing of the job outlives this call, whatever happened
             if launcher == "srun":
                 _stop_steps(status_dir, name, ended_by_itself=outcome == "exited")
@@ -176,13 +193,19 @@ def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
         remove_orphaned_shm()
     if job.signals:
         how = "ended by itself" if outcome == "exited" else "was stopped"
-        raise RunInterrupted(job.signals[0], f"the MPI job on {nranks} ranks {how}")
+        interrupted = RunInterrupted(job.signals[0], f"the MPI job on {nranks} ranks {how}")
+        interrupted.hosts = {r: s.get("host") for r, s in starts.items()}  # where each rank ran
+        raise interrupted
+    if outcome == "lost":
+        hosts = {r: s.get("host") for r, s in starts.items()}
+        raise MPILaunchError(f"{describe_silent(job.lost, hosts)}; the MPI job on {nranks} ranks was stopped\n"
+                             f"{tail(result.output, 20)}", [s["rank"] for s in job.lost], result.output)
     if outcome == "timeout":
         raise MPILaunchError(
             f"MPI job on {nranks} ranks ran past its {timeout:g} s timeout and was killed: "
             f"{' '.join(cmd)}\n{tail(result.output)}", failed_ranks(result), result.output)
     if result.returncode != 0:
-        raise failure(nranks, result, starts, ends, abort_kills_all=launcher == "srun")
+        raise failure(nranks, result, starts, ends, abort_kills_all=launcher == "srun", vanished=job.vanished)
     return result
 
 
@@ -226,171 +249,3 @@ def _stop_steps(status_dir: Path, name: str, ended_by_itself: bool, timeout: flo
             p.kill()
         except Exception:  # noqa: BLE001 - gone
             pass
-
-
-class _Job:
-    """One ``mpiexec``: its output (captured, and echoed when streaming), the processes under it,
-    the signals this process got while it ran, and stopping all of it."""
-
-    POLL = 0.05  # seconds between two looks at the job
-    TERM_GRACE = 3.0  # seconds from SIGTERM to SIGKILL when stopping
-
-    def __init__(self, cmd: list[str], env: dict[str, str], cwd, stream: bool, tmp: Path,
-                 status_dir: Path) -> None:
-        self.stream, self.tmp, self.status_dir = stream, tmp, status_dir
-        self.signals: list[int] = []
-        self._chunks: list[str] = []
-        self._lock = threading.Lock()
-        self._echo_broken = False
-        self._offsets: dict[Path, int] = {}
-        self._decoders: dict[Path, object] = {}
-        self._known: dict[int, object] = {}  # pid -> psutil.Process of the job's processes
-        self._starts_seen = 0
-        self.proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE if stream else subprocess.STDOUT,
-            encoding="utf-8", errors="replace", env=env, cwd=cwd, start_new_session=True)
-        pipes = [(self.proc.stdout, sys.stdout)] + ([(self.proc.stderr, sys.stderr)] if stream else [])
-        self._readers = [threading.Thread(target=self._pump, args=(pipe, echo), daemon=True)
-                         for pipe, echo in pipes]
-        for reader in self._readers:
-            reader.start()
-
-    # -- output ----------------------------------------------------------------------------
-    def _echo(self, stream, text: str) -> None:
-        if not self.stream or self._echo_broken or not text:
-            return
-        try:
-            stream.write(text)
-            stream.flush()
-        except (OSError, ValueError):  # the terminal is gone (SIGHUP) or stdout was closed
-            self._echo_broken = True
-
-    def _pump(self, pipe, echo) -> None:
-        for line in pipe:
-            with self._lock:
-                self._chunks.append(line)
-                self._echo(echo, line)
-
-    def _follow(self, final: bool = False) -> None:
-        """Show what the ranks wrote to their output files since the last look."""
-        if not self.stream:
-            return
-        for path in sorted(self.tmp.glob("rank*.out")) + sorted(self.tmp.glob("rank*.err")):
-            try:
-                with open(path, "rb") as f:
-                    f.seek(self._offsets.get(path, 0))
-                    data = f.read()
-            except OSError:
-                continue
-            self._offsets[path] = self._offsets.get(path, 0) + len(data)
-            decoder = self._decoders.setdefault(path, codecs.getincrementaldecoder("utf-8")("replace"))
-            text = decoder.decode(data, final=final)
-            with self._lock:
-                self._echo(sys.stdout if path.suffix == ".out" else sys.stderr, text)
-
-    def finish_output(self) -> None:
-        for reader in self._readers:
-            reader.join(timeout=5)  # at EOF: every process that held mpiexec's output has ended
-        for pipe, reader in zip((self.proc.stdout, self.proc.stderr), self._readers):
-            if pipe is not None and not reader.is_alive():
-                pipe.close()
-        self._follow(final=True)
-
-    def launcher_output(self) -> str:
-        with self._lock:
-            return "".join(self._chunks)
-
-    # -- waiting ---------------------------------------------------------------------------
-    def _on_signal(self, signum: int, frame) -> None:
-        self.signals.append(signum)
-
-    def wait(self, timeout: float, on_interrupt, grace: float) -> str:
-        """Wait until mpiexec ends: ``exited`` (by itself, after a signal or not), ``interrupted``
-        (stopped after a signal) or ``timeout`` (killed)."""
-        deadline = time.monotonic() + timeout
-        stop_at = None
-        with handling_signals(self._on_signal):
-            while self.proc.poll() is None:
-                now = time.monotonic()
-                if self.signals and stop_at is None:
-                    stop_at = now
-                    if on_interrupt is not None:
-                        try:
-                            on_interrupt()
-                            stop_at = now + max(0.0, grace)
-                        except Exception:  # noqa: BLE001 - cannot ask nicely: stop it
-                            pass
-                if stop_at is not None and (now >= stop_at or len(self.signals) > 1):
-                    self.stop(immediate=len(self.signals) > 1)
-                    return "interrupted"
-                if now >= deadline:
-                    self.stop(immediate=True)
-                    return "timeout"
-                self._remember_processes()
-                self._follow()
-                time.sleep(self.POLL)
-        return "exited"
-
-    def _remember_processes(self, force: bool = False) -> None:
-        """Note mpiexec's descendants (each rank runs in its own session, so a process group
-        does not hold them): looked at again whenever another rank has started."""
-        starts = len(list(self.status_dir.glob("*.start")))
-        if not force and starts == self._starts_seen and self._known:
-            return
-        self._starts_seen = starts
-        try:
-            import psutil
-            root = psutil.Process(self.proc.pid)
-            for p in [root, *root.children(recursive=True)]:
-                self._known.setdefault(p.pid, p)
-        except Exception:  # noqa: BLE001 - psutil missing, or mpiexec just ended
-            pass
-
-    def stop(self, immediate: bool = False) -> None:
-        """End every process of the job: SIGTERM (mpiexec passes it on, each rank's guard too),
-        SIGKILL after ``TERM_GRACE`` s, at once with ``immediate`` or when another signal comes."""
-        if self.proc.poll() is None:
-            self._remember_processes(force=True)
-        alive = [p for p in self._known.values() if _running(p)]
-        if not alive and self.proc.poll() is not None:
-            return
-        signals_before = len(self.signals)
-        if not immediate:
-            _send(alive, signal.SIGTERM, self.proc)
-            end = time.monotonic() + self.TERM_GRACE
-            while time.monotonic() < end and len(self.signals) == signals_before:
-                self.proc.poll()
-                alive = [p for p in alive if _running(p)]
-                if not alive and self.proc.poll() is not None:
-                    return
-                time.sleep(self.POLL)
-        _send([p for p in alive if _running(p)], signal.SIGKILL, self.proc)
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
-            self.proc.poll()  # reap mpiexec: a zombie would look alive
-            if self.proc.returncode is not None and not any(_running(p) for p in self._known.values()):
-                return
-            time.sleep(self.POLL)
-
-
-def _running(process) -> bool:
-    try:
-        import psutil
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except Exception:  # noqa: BLE001 - gone
-        return False
-
-
-def _send(processes, signum: int, proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            proc.send_signal(signum)
-        except OSError:
-            pass
-    for p in processes:
-        try:
-            p.send_signal(signum)  # psutil checks that the pid was not reused
-        except Exception:  # noqa: BLE001 - it ended meanwhile
-            pass
-
-

@@ -8,6 +8,10 @@ starts and ``STATUS_DIR/rank<R>.status`` (the same, plus ``exit_code`` or ``sign
 time it ended) when it ends, then ends the same way (same exit code, or killed by the same
 signal), so ``mpiexec`` sees what it would have seen without the guard.
 
+With ``WORKBENCH_HEARTBEAT=ADDR:PORT:TOKEN`` in its environment the guard also sends a UDP
+heartbeat there every second while the rank runs (:mod:`.heartbeat`: how the launcher tells a
+node that stopped answering from one that is busy).
+
 Signals the guard receives (``mpiexec`` forwarding one, the launcher cleaning up) are passed to
 the rank; if the guard itself is killed, the rank is killed too (``PR_SET_PDEATHSIG``, Linux).
 Standard library only, and run by path, so it starts in a few milliseconds.
@@ -17,6 +21,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -50,6 +55,24 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
+def _heartbeats(spec: str, rank: str, host: str, pid: int, stop: threading.Event) -> None:
+    """Send ``TOKEN RANK HOST PID`` to ``spec`` (``ADDR:PORT:TOKEN``) every second until ``stop``;
+    a send that fails (no route while a link is down) is not an error."""
+    try:
+        address, port, token = spec.rsplit(":", 2)
+        target = (address, int(port))
+    except ValueError:
+        return
+    message = f"{token} {rank} {host} {pid}".encode()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        while not stop.is_set():
+            try:
+                sock.sendto(message, target)
+            except OSError:
+                pass
+            stop.wait(1.0)
+
+
 def main(argv: list[str]) -> None:
     status_dir, program = argv[0], argv[1:]
     rank, host, guard = _rank(), socket.gethostname(), os.getpid()
@@ -73,6 +96,10 @@ def main(argv: list[str]) -> None:
     if os.environ.get("SLURM_STEP_ID"):  # a task of srun: its job step, which the launcher can cancel
         base["slurm_step"] = f"{os.environ.get('SLURM_JOB_ID')}.{os.environ['SLURM_STEP_ID']}"
     _write(os.path.join(status_dir, f"rank{rank}.start"), base)
+    stop = threading.Event()
+    if os.environ.get("WORKBENCH_HEARTBEAT"):
+        threading.Thread(target=_heartbeats, args=(os.environ["WORKBENCH_HEARTBEAT"], rank, host, pid, stop),
+                         daemon=True).start()
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -81,6 +108,7 @@ def main(argv: list[str]) -> None:
             status = 0
             break
     ended = time.time()
+    stop.set()
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         _write(os.path.join(status_dir, f"rank{rank}.status"), {**base, "signal": sig, "time": ended})

@@ -21,6 +21,7 @@ class RunInterrupted(KeyboardInterrupt):
     def __init__(self, signum: int, detail: str = "") -> None:
         self.signum = int(signum)
         self.detail = detail
+        self.hosts: dict[int, str] = {}  # rank -> the host it ran on, when the launcher knew
         super().__init__(f"interrupted by {signal_name(self.signum)}" + (f"; {detail}" if detail else ""))
 
     @property

@@ -117,6 +117,33 @@ def wait_gone(job_ids: Iterable[str], timeout: float = 15.0) -> list[str]:
     return left
 
 
+def allocation_nodes() -> list[str]:
+    """The nodes of the current allocation (``SLURM_JOB_NODELIST`` expanded by ``scontrol``)."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
+    if not nodelist:
+        return []
+    proc = _run(["scontrol", "show", "hostnames", nodelist])
+    return proc.stdout.split() if proc is not None and proc.returncode == 0 else []
+
+
+def failed_nodes(names) -> dict[str, str]:
+    """Of the nodes ``names``, those Slurm has taken out of service (down, drained, failed, not
+    responding): node -> ``"Slurm: down*, Not responding"``; {} when none is or Slurm cannot tell."""
+    names = set(names)
+    proc = _run(["sinfo", "-h", "-N", "-n", ",".join(sorted(names)), "-o", "%N|%T|%E"]) if names else None
+    if proc is None or proc.returncode != 0:
+        return {}
+    out = {}
+    for line in proc.stdout.splitlines():
+        node, _, rest = line.partition("|")
+        state, _, reason = rest.partition("|")
+        bad = state.rstrip("*~#!%$@^-") in ("down", "drained", "draining", "fail", "failing") or state.endswith("*")
+        if node in names and bad:
+            why = f"Slurm: {state}" + (f", {reason.strip()}" if reason.strip() and reason.strip() != "none" else "")
+            out[node] = why + (" - its slurmd stopped answering" if "respond" in reason.lower() else "")
+    return out
+
+
 def mpi_plugins() -> list[str]:
     """What ``srun --mpi=list`` offers here (``["none", "pmi2", "cray_shasta"]``), [] if unknown."""
     try:
@@ -156,3 +183,27 @@ def srun_command(nranks: int, srun_args: Sequence[str] = ()) -> list[str]:
     (as mpiexec does), output labelled with the task's rank; ``srun_args`` come last so a user's
     choice wins."""
     return [find_srun(), "-n", str(nranks), KILL_ON_BAD_EXIT, "--label", *srun_args]
+
+
+def check_engine_job(job: str, n: int, registered: int, timed_out: bool, start_timeout: float, output_file,
+                     output) -> None:
+    """While a cluster's engines come up as Slurm job ``job`` (``n`` tasks, ``registered`` so far):
+    a job that ended is an error with its output (``output()``, the text of ``output_file``); one that
+    can never start, or is still pending at the timeout, is cancelled and named with Slurm's reason."""
+    state = job_state(job)
+    if state is None or state[0] not in ACTIVE_STATES:
+        raise RuntimeError(
+            f"the engines' Slurm job {job} ended ({state[0] if state else 'gone from squeue'}) "
+            f"after {registered} of {n} engines registered; its output ({output_file}):\n{output()}")
+    if state[0] == "PENDING" and state[1] in NEVER_REASONS:
+        cancel([job])
+        raise RuntimeError(
+            f"the engines' Slurm job {job} ({n} tasks) can never start: Slurm's reason "
+            f"{state[1]} ({NEVER_REASONS[state[1]]}); the job was cancelled. Ask for fewer engines (n) "
+            "or another partition (queue)")
+    if timed_out and state[0] == "PENDING":
+        cancel([job])
+        raise TimeoutError(
+            f"the engines' Slurm job {job} ({n} tasks) was still pending after "
+            f"{start_timeout:g} s (start_timeout), Slurm's reason: {state[1]}; the job was cancelled. "
+            "Ask for fewer engines (n), another partition (queue) or a longer start_timeout")

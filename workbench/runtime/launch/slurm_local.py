@@ -1,4 +1,8 @@
-"""A private single-node Slurm: its own munged, slurmctld and slurmd, for tests and developers.
+"""A private Slurm: its own munged, slurmctld and slurmd, for tests and developers.
+
+One node by default (this host); a virtual cluster (:mod:`workbench.vcluster.slurm`) gives it its
+nodes (:class:`SlurmNode`: a name, an address, and the argv prefix that runs a command there) and
+the controller's, and each slurmd then runs on its own node.
 
 ``LocalSlurm().start()`` writes a ``slurm.conf`` and a munge key under a temporary root, starts
 munged, slurmctld and slurmd (ports on 127.0.0.1; one node, this host; one partition ``debug``)
@@ -14,7 +18,6 @@ what prevents this raises :class:`SlurmUnavailable` with a one-line reason.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import os
@@ -26,12 +29,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
 from workbench.runtime.launch.ports import free_port
-from workbench.runtime.launch.signals import STOP_SIGNALS
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("srun", "sbatch", "squeue", "scancel", "sinfo")
@@ -103,25 +106,46 @@ def _as_root_cli(sudo: str) -> list[str]:
     found by its path, not by PYTHONPATH)."""
     top = str(Path(__file__).resolve().parents[3])
     return [sudo, "-n", sys.executable, "-c", f"import sys; sys.path.insert(0, {top!r}); "
-            "from workbench.runtime.launch.slurm_local import main; sys.exit(main())"]
+            "from workbench.runtime.launch.slurm_cli import main; sys.exit(main())"]
+
+
+@dataclass
+class SlurmNode:
+    """A machine of a private Slurm: its ``name`` (NodeName, and the name it calls itself),
+    ``address`` (NodeAddr) and ``enter``, the argv prefix that runs a command on it (nothing: here)."""
+
+    name: str
+    address: str = "127.0.0.1"
+    enter: tuple[str, ...] = ()
 
 
 class LocalSlurm:
-    """One private single-node Slurm. ``root``: where its files go (when None, a new directory
-    under the temporary directory, removed by ``stop()``); ``cpus``: the node's CPUs
-    (``os.cpu_count()``); ``mpi_default``: ``MpiDefault`` (``none``: srun needs ``--mpi=pmi2``
-    for one MPI job); ``binaries``: paths for any of munged, slurmctld, slurmd, srun, sbatch,
-    squeue, scancel, sinfo (otherwise found on PATH or in /usr/sbin)."""
+    """One private Slurm. ``root``: where its files go (when None, a new directory under the
+    temporary directory, removed by ``stop()``); ``cpus``: each node's CPUs (``os.cpu_count()``);
+    ``mpi_default``: ``MpiDefault`` (``none``: srun needs ``--mpi=pmi2`` for one MPI job);
+    ``binaries``: paths for any of munged, slurmctld, slurmd, srun, sbatch, squeue, scancel, sinfo
+    (otherwise found on PATH or in /usr/sbin). ``nodes`` and ``controller``: where slurmd and
+    slurmctld run (default: this host, on 127.0.0.1); ``detached``: the daemons outlive the process
+    that started them (a virtual cluster's, stopped by its ``down``); ``slurmd_timeout``: seconds
+    after which a silent slurmd's node is DOWN and its jobs fail; ``task_env``: environment every
+    task gets (a ``TaskProlog``); ``kill_wait``: seconds from SIGTERM to SIGKILL when a job ends early."""
 
     def __init__(self, root: Path | str | None = None, cpus: int | None = None,
                  mpi_default: str = "none", binaries: dict[str, str] | None = None,
-                 debug: str = "info"):
+                 debug: str = "info", *, nodes: list[SlurmNode] | None = None,
+                 controller: SlurmNode | None = None, detached: bool = False,
+                 slurmd_timeout: int | None = None, task_env: dict[str, str] | None = None,
+                 kill_wait: int = 2):
         self.cluster = f"wb{os.getpid() % 100000}x{secrets.token_hex(3)}"
         self._tmp = root is None
         self.root = Path(root or Path(tempfile.gettempdir()) / f"wb-slurm-{self.cluster}").absolute()
         self.cpus = cpus or os.cpu_count() or 1
         self.mpi_default, self.debug = mpi_default, debug
         self.binaries, self.node = dict(binaries or {}), socket.gethostname().split(".")[0]
+        self.nodes = list(nodes or [SlurmNode(self.node)])
+        self.controller = controller or SlurmNode(self.node)
+        self.detached, self.slurmd_timeout, self.task_env = detached, slurmd_timeout, dict(task_env or {})
+        self.kill_wait = kill_wait
         self.conf, self.socket = self.root / "slurm.conf", self.root / "munge" / "munge.socket.2"
         self.start_seconds: float | None = None
         self._procs: dict[str, subprocess.Popen] = {}   # as root: the daemons
@@ -142,12 +166,17 @@ class LocalSlurm:
 
     @property
     def pids(self) -> dict[str, int]:
-        """The daemons' pids, from their pid files."""
-        texts = {name: (self.root / f"{name}.pid") for name in DAEMONS}
-        texts = {name: f.read_text().strip() if f.exists() else "" for name, f in texts.items()}
+        """The daemons' pids, from their pid files (``slurmd@NODE`` on several nodes)."""
+        files = {"munged": self.root / "munged.pid", "slurmctld": self.root / "slurmctld.pid"}
+        for node in self.nodes:
+            files["slurmd" if len(self.nodes) == 1 else f"slurmd@{node.name}"] = self.root / f"slurmd-{node.name}.pid"
+        texts = {name: f.read_text().strip() if f.exists() else "" for name, f in files.items()}
         return {name: int(text) for name, text in texts.items() if text.isdigit()}
 
     def log(self, name: str) -> Path:
+        """A daemon's log: ``munged``, ``slurmctld``, ``slurmd`` (the first node's) or ``slurmd@NODE``."""
+        if name.startswith("slurmd"):
+            return self.root / "log" / f"slurmd-{name.partition('@')[2] or self.nodes[0].name}.log"
         return self.root / "log" / f"{name}.log"    # munged logs to munged.out (it runs with -F)
 
     def _binary(self, name: str) -> str:
@@ -201,37 +230,47 @@ class LocalSlurm:
         (self.root / "plugstack.conf").write_text("")   # not the system's /etc/slurm/plugstack.conf
         ctld_port = free_port()
         slurmd_port = next(p for p in iter(free_port, None) if p != ctld_port)
-        r = self.root
+        r, names = self.root, ",".join(n.name for n in self.nodes)
+        if self.task_env:  # a TaskProlog's `export` lines become every task's environment
+            prolog = r / "task_prolog.sh"
+            prolog.write_text("#!/bin/sh\n" + "".join(f"echo export {k}={v}\n" for k, v in self.task_env.items()))
+            prolog.chmod(0o755)
         self.conf.write_text("\n".join([
-            f"# a private single-node Slurm (workbench.runtime.launch.slurm_local), {time.ctime()}",
-            f"ClusterName={self.cluster}", f"SlurmctldHost={self.node}(127.0.0.1)",
+            f"# a private Slurm (workbench.runtime.launch.slurm_local), {time.ctime()}",
+            f"ClusterName={self.cluster}", f"SlurmctldHost={self.controller.name}({self.controller.address})",
             f"SlurmctldPort={ctld_port}", f"SlurmdPort={slurmd_port}",
-            "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny",   # bind 127.0.0.1, not 0.0.0.0
+            # every daemon and client binds the address its host's name resolves to, never 0.0.0.0
+            "CommunicationParameters=NoCtldInAddrAny,NoInAddrAny",
             "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", "CredType=cred/munge",
             f"AuthInfo=socket={self.socket}", f"StateSaveLocation={r}/state",
-            f"SlurmdSpoolDir={r}/spool", f"SlurmctldPidFile={r}/slurmctld.pid",
-            f"SlurmdPidFile={r}/slurmd.pid", f"SlurmctldLogFile={r}/log/slurmctld.log",
-            f"SlurmdLogFile={r}/log/slurmd.log", f"SlurmctldDebug={self.debug}",
+            f"SlurmdSpoolDir={r}/spool/%n", f"SlurmctldPidFile={r}/slurmctld.pid",
+            f"SlurmdPidFile={r}/slurmd-%n.pid", f"SlurmctldLogFile={r}/log/slurmctld.log",
+            f"SlurmdLogFile={r}/log/slurmd-%n.log", f"SlurmctldDebug={self.debug}",
             f"SlurmdDebug={self.debug}", f"PlugStackConfig={r}/plugstack.conf",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
             "SlurmdParameters=config_overrides",        # CPUs= may differ from the hardware
             f"MpiDefault={self.mpi_default}", "SchedulerType=sched/backfill",
             "AccountingStorageType=accounting_storage/none", "JobAcctGatherType=jobacct_gather/none",
-            "JobCompType=jobcomp/none", "ReturnToService=2", "KillWait=2", "MinJobAge=30",
+            "JobCompType=jobcomp/none", "ReturnToService=2", f"KillWait={self.kill_wait}", "MinJobAge=30",
+            "JobRequeue=0",  # a job that lost a node fails (its run is recorded failed), never runs again
             # job ids differ between instances: MPICH names its shared memory after PMI_JOBID
             "InactiveLimit=0", f"FirstJobId={1_000_000 + secrets.randbelow(60_000_000)}",
-            f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN",
-            f"PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE "
+            *([f"SlurmdTimeout={self.slurmd_timeout}"] if self.slurmd_timeout else []),
+            *([f"TaskProlog={r}/task_prolog.sh"] if self.task_env else []),
+            *(f"NodeName={n.name} NodeAddr={n.address} CPUs={self.cpus} State=UNKNOWN" for n in self.nodes),
+            f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE "
             "OverSubscribe=FORCE:4 State=UP", ""]))
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, args: list[str], enter: tuple[str, ...] = (), key: str | None = None) -> None:
+        """Start daemon ``name`` (on the machine ``enter`` runs commands on), known as ``key``."""
         env = {**self.env, MARK: str(self.root)}
-        with open(self.root / "log" / f"{name}.out", "wb") as out:
-            self._procs[name] = subprocess.Popen(
-                [self._binary(name), *args], env=env, stdin=subprocess.DEVNULL, stdout=out,
+        key = key or name
+        with open(self.root / "log" / f"{key}.out", "wb") as out:
+            self._procs[key] = subprocess.Popen(
+                [*enter, self._binary(name), *args], env=env, stdin=subprocess.DEVNULL, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True, cwd=self.root,
-                preexec_fn=_die_with_parent)
+                preexec_fn=None if self.detached else _die_with_parent)
 
     def _check_alive(self) -> None:
         for name, proc in self._procs.items():
@@ -253,23 +292,30 @@ class LocalSlurm:
             if time.monotonic() > deadline:
                 raise SlurmUnavailable(f"munged did not create {self.socket} in {timeout:g} s")
             time.sleep(0.05)
-        self._spawn("slurmctld", ["-D", "-f", str(self.conf)])
-        self._spawn("slurmd", ["-D", "-f", str(self.conf), "-N", self.node])
+        self._spawn("slurmctld", ["-D", "-f", str(self.conf)], self.controller.enter)
+        for node in self.nodes:
+            self.start_slurmd(node)
+        names = ",".join(n.name for n in self.nodes)
         while True:
             self._check_alive()
             try:
-                res = self.run([self._binary("sinfo"), "-h", "-N", "-n", self.node, "-o", "%T"],
-                               timeout=10)
-                state = ((res.stdout.strip() or res.stderr.strip()).splitlines() or [""])[-1]
+                res = self.run([self._binary("sinfo"), "-h", "-N", "-n", names, "-o", "%N %T"], timeout=10)
+                states = dict(line.split(None, 1) for line in res.stdout.splitlines() if " " in line)
+                state = ", ".join(f"{k}: {v}" for k, v in states.items()) or res.stderr.strip()
             except subprocess.TimeoutExpired:
-                state = "sinfo timed out"
-            if state == "idle":
+                states, state = {}, "sinfo timed out"
+            if len(states) == len(self.nodes) and all(v.strip() == "idle" for v in states.values()):
                 return
             if time.monotonic() > deadline:
                 raise SlurmUnavailable(
-                    f"node {self.node} not idle {timeout:g} s after start (sinfo: {state!r}); slurmctld: "
+                    f"node(s) {names} not idle {timeout:g} s after start (sinfo: {state!r}); slurmctld: "
                     f"{_tail(self.log('slurmctld'), 2)}; slurmd: {_tail(self.log('slurmd'), 2)}")
             time.sleep(0.2)
+
+    def start_slurmd(self, node: SlurmNode) -> None:
+        """Start (or start again, after it was killed) the slurmd of ``node``."""
+        self._spawn("slurmd", ["-D", "-f", str(self.conf), "-N", node.name], node.enter,
+                    key="slurmd" if len(self.nodes) == 1 else f"slurmd@{node.name}")
 
     def _start_with_sudo(self, timeout: float) -> None:
         sudo = shutil.which("sudo")
@@ -302,7 +348,7 @@ class LocalSlurm:
                     time.sleep(0.2)
         except (SlurmUnavailable, subprocess.TimeoutExpired, OSError):
             pass
-        for name in ("slurmd", "slurmctld", "munged"):
+        for name in [k for k in self._procs if k.startswith("slurmd")] + ["slurmctld", "munged"]:
             proc = self._procs.pop(name, None)
             if proc is not None:
                 _kill([proc.pid])
@@ -324,74 +370,6 @@ class LocalSlurm:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def _up_pid(root: Path) -> int | None:
-    """The pid of the ``up`` running for ``root``, if any."""
-    try:
-        pid = int((root / "up.pid").read_text())
-        return pid if str(root) in " ".join(psutil.Process(pid).cmdline()) and _alive(pid) else None
-    except (OSError, ValueError, psutil.Error):
-        return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workbench.runtime.launch.slurm_local",
-                                     description="A private single-node Slurm (munged, slurmctld, slurmd).")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    up = sub.add_parser("up", help="start it, print `export SLURM_CONF=...`, run until Ctrl-C or `down`")
-    up.add_argument("--root", type=Path, default=DEFAULT_ROOT)
-    up.add_argument("--mpi-default", choices=["none", "pmi2"], default="none")
-    up.add_argument("--cpus", type=int, default=None)
-    up.add_argument("--timeout", type=float, default=60)
-    up.add_argument("--binary", action="append", default=[], metavar="NAME=PATH")
-    up.add_argument("--cluster", default=None, help=argparse.SUPPRESS)
-    up.add_argument("--remove", action="store_true", help=argparse.SUPPRESS)
-    down = sub.add_parser("down", help="stop the one that `up --root DIR` started")
-    down.add_argument("--root", type=Path, default=DEFAULT_ROOT)
-    args = parser.parse_args(argv)
-    root = args.root.absolute()
-
-    if args.cmd == "down":
-        pid = _up_pid(root)
-        _kill([pid] if pid else [], timeout=60)     # `up` stops its Slurm on SIGTERM
-        conf = (root / "slurm.conf").read_text() if (root / "slurm.conf").exists() else ""
-        left = leftover_pids(root, conf.split("ClusterName=", 1)[-1].split()[0] if conf else None)
-        _kill(left, timeout=5)       # what an `up` killed with SIGKILL left behind
-        print(f"local Slurm under {root}: " + ("stopped" if pid else "was not running") +
-              (f", {len(left)} leftover processes killed" if left else ""))
-        return 0
-
-    if up := _up_pid(root):
-        print(f"SlurmUnavailable: a local Slurm is already up under {root} (pid {up}); "
-              f"`down --root {root}` stops it", file=sys.stderr)
-        return 1
-    slurm = LocalSlurm(root, args.cpus, args.mpi_default, dict(b.split("=", 1) for b in args.binary))
-    slurm.cluster = args.cluster or slurm.cluster
-    slurm._tmp = args.remove         # a LocalSlurm that is not root started this `up` with sudo
-
-    for sig in STOP_SIGNALS:    # even where SIGINT was ignored
-        signal.signal(sig, signal.default_int_handler)     # stop() as for Ctrl-C
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        (root / "up.pid").write_text(str(os.getpid()))
-        slurm.start(args.timeout)
-        print(f"local Slurm up in {slurm.start_seconds:.1f} s: cluster {slurm.cluster}, node "
-              f"{slurm.node} ({slurm.cpus} CPUs), partition debug, MpiDefault={slurm.mpi_default}, "
-              f"logs in {root / 'log'}; stop it with Ctrl-C or `down --root {root}`", file=sys.stderr)
-        print(f"export SLURM_CONF={slurm.conf}", flush=True)
-        while True:
-            signal.pause()
-    except SlurmUnavailable as exc:
-        print(f"SlurmUnavailable: {exc}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        pass
-    finally:
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
-        slurm.stop()
-        (root / "up.pid").unlink(missing_ok=True)
-    return 0
-
-
 if __name__ == "__main__":
+    from workbench.runtime.launch.slurm_cli import main
     sys.exit(main())

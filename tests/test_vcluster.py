@@ -1,0 +1,307 @@
+"""The virtual cluster for real: namespaced nodes, shaped links, MPI across nodes, the CLI contract,
+and faults (a partition, a node's processes killed) ending runs with the node and rank named.
+
+Root only (CI runs as root); without namespaces every test fails at setup with the reason.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from vcluster_fixture import start, vcluster_name
+from workbench.runtime.launch.mpiexec import MPILaunchError, run_mpi
+from workbench.vcluster import VirtualCluster, registry, tools
+
+pytestmark = [pytest.mark.mpi, pytest.mark.vcluster]
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKBENCH = [sys.executable, "-m", "workbench.cli"]
+#: every rank sums 4 MiB with the ring schedule, then prints its host
+ALLREDUCE = """
+import socket, sys
+import numpy as np
+from mpi4py import MPI
+from workbench.comm import allreduce
+comm = MPI.COMM_WORLD
+data = np.full(1 << 20, comm.rank, dtype=np.float32)
+allreduce(data, comm, "ring")
+assert data[0] == sum(range(comm.size)), data[0]
+print("host", comm.rank, socket.gethostname(), flush=True)
+"""
+#: all-reduces until killed
+FOREVER = """
+import time
+import numpy as np
+from mpi4py import MPI
+a = np.ones(1 << 14)
+while True:
+    MPI.COMM_WORLD.Allreduce(MPI.IN_PLACE, a)
+    time.sleep(0.01)
+"""
+
+
+def _program(vc, name: str, text: str) -> str:
+    path = vc.shared / name
+    path.write_text(text)
+    return str(path)
+
+
+def _sent(vc) -> dict:
+    """bytes sent so far by each shaped link: (node or None, device) -> bytes."""
+    return {(link["node"], link["device"]): link["bytes_sent"] for link in vc.status()["links"]}
+
+
+def _ours(name: str) -> dict:
+    """What this machine holds of cluster ``name``: its network namespaces, interfaces, mounts, folder."""
+    netns = [n for n in os.listdir("/var/run/netns") if n.startswith(f"wbv-{name}-")] \
+        if os.path.isdir("/var/run/netns") else []
+    out = subprocess.run(["ip", "-j", "link"], capture_output=True, text=True).stdout
+    links = [link["ifname"] for link in json.loads(out or "[]") if link["ifname"].startswith(f"wbv{name}-")]
+    mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if f"/{name}/" in line
+              and "workbench-vcluster" in line]
+    return {"netns": netns, "links": links, "mounts": mounts, "folder": registry.folder(name).exists()}
+
+
+def _nothing_runs(vc) -> list:
+    return [(i, vc.processes(i)) for i in range(vc.nodes) if vc.processes(i)]
+
+
+# -- what a node is ---------------------------------------------------------------------------
+def test_nodes_have_their_own_name_address_tmp_shm_and_ipc_and_share_one_folder(vc4):
+    names = [vc4.exec(i, ["hostname"]).stdout.strip() for i in range(4)]
+    assert names == [f"{vc4.name}-{i}" for i in range(4)]
+    addresses = vc4.exec(2, ["ip", "-4", "-o", "addr", "show", "dev", "eth0"]).stdout
+    assert f"{vc4.addresses[2]}/24" in addresses and vc4.addresses[2].startswith("198.1")
+    marker = f"wbtest-{os.getpid()}"
+    write = f"echo here > /tmp/{marker} && echo here > /dev/shm/{marker} && ipcmk -M 4096 >/dev/null"
+    assert vc4.exec(0, ["sh", "-c", write]).returncode == 0
+    try:
+        look = f"ls /tmp/{marker} /dev/shm/{marker}; ipcs -m | grep -c '^0x' || true"
+        other = vc4.exec(1, ["sh", "-c", look])
+        assert "No such file" in other.stderr and other.stdout.strip().endswith("0")
+        assert not Path(f"/tmp/{marker}").exists() and not Path(f"/dev/shm/{marker}").exists()
+        (vc4.shared / marker).write_text("shared")
+        assert all(vc4.exec(i, ["cat", str(vc4.shared / marker)]).stdout == "shared" for i in range(4))
+        hosts = vc4.exec(3, ["cat", "/etc/hosts"]).stdout
+        assert all(f"{vc4.addresses[i]}\t{vc4.name}-{i}" in hosts for i in range(4))
+    finally:
+        (vc4.shared / marker).unlink(missing_ok=True)
+
+
+def test_a_cluster_that_is_up_is_refused_and_its_names_carry_its_name(vc4):
+    with pytest.raises(tools.VirtualClusterError, match="already up"):
+        VirtualCluster(vc4.name, nodes=2).up()
+    held = _ours(vc4.name)
+    assert len(held["netns"]) == 4 and f"wbv{vc4.name}-br" in held["links"] and held["folder"]
+
+
+def test_down_removes_everything_and_a_dead_owners_cluster_goes_with_the_next_up(tmp_path):
+    name = vcluster_name("d")
+    code = f"""
+import os
+from workbench.vcluster import VirtualCluster
+vc = VirtualCluster({name!r}, nodes=3, topology="ring", shared={str(tmp_path)!r})
+vc.up()
+os._exit(0)  # a kernel that dies: the cluster stays, its owner is gone
+"""
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    assert len(_ours(name)["netns"]) == 3
+    # a crashed `up` of another name left a namespace and a bridge without any record
+    other = vcluster_name("e")
+    subprocess.run(["ip", "netns", "add", f"wbv-{other}-0"], check=True)
+    subprocess.run(["ip", "link", "add", "name", f"wbv{other}-br", "type", "bridge"], check=True)
+    fresh = start(VirtualCluster(other, nodes=2, shared=tmp_path / "other"))
+    try:
+        assert _ours(name) == {"netns": [], "links": [], "mounts": [], "folder": False}  # stale: removed
+        assert len(_ours(other)["netns"]) == 2
+    finally:
+        fresh.down()
+    assert _ours(other) == {"netns": [], "links": [], "mounts": [], "folder": False}
+    assert (tmp_path / "other").is_dir()  # the shared folder stays: runs live there
+
+
+# -- links and MPI ----------------------------------------------------------------------------
+def test_mpi_across_the_nodes_crosses_the_shaped_links(vc4):
+    before = _sent(vc4)
+    program = _program(vc4, "allreduce.py", ALLREDUCE)
+    result = run_mpi(4, [program], timeout=120, cwd=ROOT, **vc4.run_options(4))
+    hosts = sorted(line.split()[2] for line in result.output.splitlines() if line.startswith("host "))
+    assert hosts == [f"{vc4.name}-{i}" for i in range(4)]
+    after = _sent(vc4)
+    ring = 2 * 3 / 4 * (4 << 20)  # bytes each node sends in a ring all-reduce of 4 MiB
+    for i in range(4):  # what node i sent crossed its own port, then the receiver's
+        assert after[(i, "eth0")] - before[(i, "eth0")] >= ring, (i, after, before)
+        assert after[(None, vc4.plan.host_end(i))] - before[(None, vc4.plan.host_end(i))] >= ring
+
+
+def test_even_mpichs_default_transport_crosses_the_links(vc4):
+    """Nothing passes between nodes but the network: MPICH's default transport (UCX) uses shared memory
+    between processes that share /dev/shm and SysV IPC, and each node has its own of both, so even
+    without MPI_ENV every byte of an all-reduce between two nodes crosses their links."""
+    before = _sent(vc4)
+    program = _program(vc4, "allreduce.py", ALLREDUCE)
+    options = vc4.run_options(2)
+    options["env"] = {"WORKBENCH_VCLUSTER": vc4.name}  # MPICH's own choice of transport
+    run_mpi(2, [program], timeout=120, cwd=ROOT, **options)
+    after = _sent(vc4)
+    for i in range(2):
+        assert after[(i, "eth0")] - before[(i, "eth0")] >= 4 << 20  # a 2-rank ring sends everything once
+
+
+def test_a_ring_forwards_through_the_nodes_between(tmp_path):
+    vc = start(VirtualCluster(vcluster_name("r"), nodes=4, topology="ring", bandwidth="1gbit", shared=tmp_path))
+    try:
+        before = _sent(vc)
+        server = subprocess.Popen([*vc.enter(2), sys.executable, "-c",
+                                   "import socket; s=socket.socket(); s.bind(('0.0.0.0', 5999)); s.listen(); "
+                                   "c,_=s.accept(); n=0\nwhile (d:=c.recv(1<<16)): n+=len(d)\nprint(n)"],
+                                  stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        client = vc.exec(0, [sys.executable, "-c", f"import socket; c=socket.create_connection(('{vc.addresses[2]}', "
+                                                  "5999)); c.sendall(b'x' * (2 << 20)); c.close()"])
+        assert client.returncode == 0, client.stderr
+        assert int(server.communicate(timeout=30)[0]) == 2 << 20
+        after = _sent(vc)
+        delta = {k: after[k] - before[k] for k in after}
+        # 0 -> 2 on ring:4 goes 0 -> 1 -> 2 (the topology's route): node 1 forwards it
+        assert vc.plan.topo.route(0, 2) == ((0, 1), (1, 2))
+        assert delta[(0, "to1")] >= 2 << 20 and delta[(1, "to2")] >= 2 << 20
+        assert delta[(0, "to3")] < 64 << 10 and delta[(3, "to2")] < 64 << 10  # the other way round stays idle
+    finally:
+        vc.down()
+
+
+# -- the command-line contract ------------------------------------------------------------------
+def test_the_cli_contract(tmp_path):
+    name = vcluster_name("c")
+    env = {**os.environ, "WORKBENCH_STATE_DIR": str(tmp_path)}
+
+    def cli(*args, check=True, timeout=120):
+        proc = subprocess.run([*WORKBENCH, "vcluster", *args], capture_output=True, text=True, env=env,
+                              timeout=timeout, cwd=ROOT)
+        assert not check or proc.returncode == 0, (args, proc.stdout, proc.stderr)
+        return proc
+
+    up = cli("up", name, "--nodes", "2", "--topology", "ring", "--bandwidth", "200mbit")
+    try:
+        assert f"vcluster {name} up" in up.stdout
+        status = json.loads(cli("status", name, "--json").stdout)
+        assert [n["hostname"] for n in status["nodes"]] == [f"{name}-0", f"{name}-1"]
+        assert {link["rate"] for link in status["links"]} == {"200mbit"} and len(status["links"]) == 2
+        assert cli("exec", name, "--node", "1", "--", "hostname").stdout.strip() == f"{name}-1"
+        hello = cli("mpiexec", name, "-n", "4", "--ppn", "2", "--", sys.executable, "-c",
+                    "from mpi4py import MPI; import os, socket; "
+                    "os.write(1, f'rank {MPI.COMM_WORLD.rank} {socket.gethostname()}\\n'.encode())")
+        placed = sorted(re.findall(rf"rank (\d+) ({name}-\d)", hello.stdout))  # ranks' lines may interleave
+        assert placed == [("0", f"{name}-0"), ("1", f"{name}-0"), ("2", f"{name}-1"), ("3", f"{name}-1")], hello.stdout
+        after = json.loads(cli("status", name, "--json").stdout)
+        assert sum(link["bytes_sent"] for link in after["links"]) > sum(link["bytes_sent"] for link in status["links"])
+        assert cli("env", name).stdout.startswith(f"export WORKBENCH_VCLUSTER={name}")
+        bad = cli("exec", name, "--node", "7", "--", "true", check=False)
+        assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0 and "node: must be 0..1" in bad.stderr
+        again = cli("up", name, "--nodes", "2", check=False)
+        assert again.returncode == 1 and "already up" in again.stderr
+    finally:
+        down = cli("down", name)
+    assert f"vcluster {name} down" in down.stdout
+    assert _ours(name) == {"netns": [], "links": [], "mounts": [], "folder": False}
+    assert "was not up" in cli("down", name).stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nodes", "0"], "--nodes: must be an integer >= 1"),
+    (["--nodes", "4", "--topology", "torus:3x3"], "topology: torus:3x3 has 9 nodes"),
+    (["--nodes", "2", "--bandwidth", "fast"], "bandwidth: 'fast' is not a rate"),
+    (["--nodes", "2", "--latency", "1ms"], "latency: this kernel has no netem"),
+])
+def test_bad_input_is_one_line_and_leaves_nothing(args, message, tmp_path):
+    name = vcluster_name("b")
+    proc = subprocess.run([*WORKBENCH, "vcluster", "up", name, *args], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "WORKBENCH_STATE_DIR": str(tmp_path)})
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]  # (argparse shows its usage first)
+    assert len(errors) == 1 and message in errors[0]
+    assert _ours(name) == {"netns": [], "links": [], "mounts": [], "folder": False}
+
+
+# -- training from the CLI ----------------------------------------------------------------------
+def test_workbench_train_on_the_virtual_cluster(vc4, tmp_path):
+    out = vc4.shared / "cli-train"
+    store = tmp_path / "store.sqlite"
+    before = sum(_sent(vc4).values())
+    proc = subprocess.run([*WORKBENCH, "train", "--algorithm", "sync-sgd", "--ranks", "4", "--ppn", "2", "--epochs",
+                           "2", "--vcluster", vc4.name, "--out", str(out), "--store", str(store),
+                           "--checkpoint-every", "10", "--collective", "ring"], capture_output=True, text=True,
+                          timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"4 ranks on 2 of its 4 nodes, 2 per node" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["ranks"] == 4 and summary["final_test_accuracy"] > 0.5
+    # ranks 0,1 on node 0 and 2,3 on node 1: half the ring's sends (1 -> 2, 3 -> 0) cross, each counted at
+    # the sender's port and the receiver's
+    assert sum(_sent(vc4).values()) - before >= 0.95 * summary["bytes_sent"]
+    assert not (out / "job").exists()  # the job's own folder went with it
+    resumed = subprocess.run([*WORKBENCH, "train", "--algorithm", "sync-sgd", "--ranks", "4", "--ppn", "2", "--epochs",
+                              "3", "--vcluster", vc4.name, "--out", str(vc4.shared / "cli-resumed"), "--collective", "ring", "--store",
+                              str(store), "--resume", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed_from" in resumed.stdout
+    hidden = subprocess.run([*WORKBENCH, "train", "--algorithm", "sync-sgd", "--ranks", "4", "--ppn", "2",
+                             "--vcluster", vc4.name, "--out", str(tmp_path / "run"), "--store", str(store)],
+                            capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert hidden.returncode == 2 and "--out: " in hidden.stderr and "not seen by the nodes" in hidden.stderr
+    too_many = subprocess.run([*WORKBENCH, "train", "--algorithm", "sync-sgd", "--ranks", "8", "--vcluster", vc4.name,
+                               "--store", str(store)], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert too_many.returncode == 2 and "--vcluster: ppn: 8 ranks at 1 per node need 8 nodes" in too_many.stderr
+
+
+# -- faults -----------------------------------------------------------------------------------
+def _fault_during(vc, fault, nranks: int = 4, ppn: int = 1) -> tuple[str, float]:
+    """Run FOREVER on the nodes, apply ``fault`` 3 s in; the launch error and the seconds from the fault to it."""
+    program = _program(vc, "forever.py", FOREVER)
+    when = {}
+
+    def later():
+        time.sleep(3)
+        when["fault"] = time.monotonic()
+        fault()
+
+    threading.Thread(target=later, daemon=True).start()
+    with pytest.raises(MPILaunchError) as info:
+        run_mpi(nranks, [program], timeout=150, cwd=ROOT, **vc.run_options(nranks, ppn))
+    return str(info.value), time.monotonic() - when["fault"]
+
+
+def _next_job_runs(vc):
+    program = _program(vc, "allreduce.py", ALLREDUCE)
+    result = run_mpi(4, [program], timeout=120, cwd=ROOT, **vc.run_options(4))
+    assert len([line for line in result.output.splitlines() if line.startswith("host ")]) == 4
+
+
+def test_a_partition_is_named_within_a_minute_and_the_cluster_runs_the_next_job(vc4):
+    try:
+        message, seconds = _fault_during(vc4, lambda: vc4.set_link(2, False))
+        first = message.splitlines()[0]
+        assert first.startswith(f"node {vc4.name}-2 stopped answering") and f"rank 2 on node {vc4.name}-2" in first
+        assert seconds < 60
+        assert _nothing_runs(vc4) == []
+    finally:
+        vc4.set_link(2, True)
+    _next_job_runs(vc4)
+
+
+def test_a_nodes_processes_killed_are_named_with_rank_and_node(vc4):
+    message, seconds = _fault_during(vc4, lambda: vc4.kill_node(3), nranks=8, ppn=2)
+    first = message.splitlines()[0]
+    assert (first.startswith(f"rank 6 on node {vc4.name}-3") or first.startswith(f"rank 7 on node {vc4.name}-3")), first
+    assert "vanished with its guard" in first and "on the same node went too" in first and seconds < 60
+    assert _nothing_runs(vc4) == []
+    _next_job_runs(vc4)

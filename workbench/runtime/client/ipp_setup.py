@@ -1,0 +1,164 @@
+"""How a :class:`~workbench.runtime.client.cluster.Cluster` asks ipyparallel for its controller and
+engines: the launcher, the engines' command (each under the rank guard) and environment, where
+the controller listens, and where the cluster's files go.
+
+Where the engines run decides the rest: on this host (``engines="mpi"``), as a batch job
+(``engines="slurm"`` and the other batch systems: the controller listens on all interfaces with
+``reachable=True``), or on the nodes of a virtual cluster (``vcluster=``): then the controller,
+the live stream and the heartbeat listener listen on the head's address on the cluster's bridge,
+the engines start through the cluster's launcher with its transport, and the cluster's files (the
+controller's connection files, the guards' records, batch scripts) go to a folder the nodes see.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+from collections import deque
+from pathlib import Path
+
+from ...checks import integer
+from ...config import ConfigError
+from ..launch.engines import LAUNCHERS, SRUN_DEFAULTS, slurm_launcher
+from ..launch.mpiexec import GUARD, RANK_ENV, find_mpiexec
+from .records import CLUSTER_ID_ENV, batch_dir, guard_dir
+
+
+def ipp_cluster(cluster, cluster_id: str):
+    """The ``ipyparallel.Cluster`` of ``cluster`` (a workbench Cluster) under ``cluster_id``."""
+    import ipyparallel as ipp
+    from traitlets.config import Config
+
+    s, prefix, vc, files = cluster._settings, LAUNCHERS[cluster.engines], cluster.vcluster, cluster.files
+    config = Config()
+    engine_launcher = f"{prefix}EngineSetLauncher"
+    bin_dir = str(Path(sys.executable).parent)
+    environment = {**RANK_ENV, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", ""), CLUSTER_ID_ENV: cluster_id,
+                   **(vc.mpi_env() if vc is not None else {}), **cluster.heartbeat_env}
+    config[engine_launcher].environment = environment
+    # the controller runs here whatever starts the engines (ipp.Cluster(engines=...) sets only
+    # the engine launcher): marked, so a dead kernel's controller is found and stopped
+    config.LocalControllerLauncher.environment = {CLUSTER_ID_ENV: cluster_id}
+    guarded = [sys.executable, "-I", str(GUARD), str(guard_dir(cluster_id, files)), sys.executable, "-m",
+               "ipyparallel.engine"]
+    if cluster.engines == "mpi":
+        config.MPIEngineSetLauncher.mpi_cmd = [find_mpiexec()]
+        placement = vc.mpiexec_args(cluster.n, cluster.ppn, wdir=vc.shared) if vc is not None else []
+        config.MPIEngineSetLauncher.mpi_args = placement + s["mpi_args"]
+        # each engine under the rank guard, which records how it ended (see runtime.rankguard)
+        config.MPIEngineSetLauncher.engine_cmd = guarded
+    else:
+        config[engine_launcher].engine_args = ["--mpi"]  # engine id order = MPI rank order
+        if cluster.engines == "slurm":
+            config[engine_launcher].srun_args = SRUN_DEFAULTS + s["srun_args"]
+            config[engine_launcher].state_folder = str(batch_dir(cluster_id, files))
+            config[engine_launcher].engine_cmd = guarded
+            if vc is not None:  # the cluster's own Slurm, its commands run as its head
+                config[engine_launcher].submit_command = [str(vc.folder / "bin" / "sbatch")]
+                config[engine_launcher].delete_command = [str(vc.folder / "bin" / "scancel")]
+        for trait in ("account", "queue", "timelimit"):
+            if s[trait]:
+                config[engine_launcher][trait] = s[trait]
+        spread = [f"#SBATCH --nodes={-(-cluster.n // cluster.ppn)}", f"#SBATCH --ntasks-per-node={cluster.ppn}"] \
+            if vc is not None else []
+        options = "\n".join(filter(None, [*spread, s["options"]]))
+        if options:
+            config[engine_launcher].options = options
+    for cls, traits in s["ipp_config"].items():
+        for trait, value in traits.items():
+            config[cls][trait] = value
+    location = {"controller_ip": cluster.listen_ip, "controller_location": cluster.advertised_ip}
+    profile_dir = files / "ipython"
+    profile_dir.mkdir(parents=True, exist_ok=True)
+    engines = slurm_launcher() if cluster.engines == "slurm" else cluster.engines
+    # ipyparallel logs to the notebook's output in a kernel (the engines' whole log when they
+    # are stopped): keep it here instead, shown only when something failed (log_tail())
+    log = logging.getLogger(f"workbench.cluster.{cluster_id}")
+    log.handlers, log.propagate = [cluster._log], False
+    log.setLevel(logging.INFO)
+    # on a virtual cluster the engines' own heartbeats (10 s) tell a node that stopped answering, by name:
+    # the hub's (500 ms x 10 misses) would drop its engines first, as if they had died
+    beats = ["--HeartMonitor.period=500"] + (["--HeartMonitor.max_heartmonitor_misses=60"] if vc is not None else [])
+    return ipp.Cluster(engines=engines, n=cluster.n, config=config, log_level=logging.INFO, log=log,
+                       controller_args=beats, profile_dir=str(profile_dir),
+                       shutdown_atexit=True, cluster_id=cluster_id, **location)
+
+
+def listen_ip(cluster) -> str:
+    """Where the controller and the live stream listen: the virtual cluster's head address, all
+    interfaces (``reachable=True``), or 127.0.0.1."""
+    if cluster.vcluster is not None:
+        return cluster.vcluster.head_address
+    return "*" if cluster._settings["reachable"] else "127.0.0.1"
+
+
+def advertised_ip(cluster) -> str:
+    """The address the engines are told to connect to."""
+    if cluster.vcluster is not None:
+        return cluster.vcluster.head_address
+    return socket.gethostname() if cluster._settings["reachable"] else "127.0.0.1"
+
+
+class KeptLog(logging.Handler):
+    """Keeps the last log records of a cluster's ipyparallel objects instead of printing them."""
+
+    def __init__(self, limit: int = 2000) -> None:
+        super().__init__(logging.INFO)
+        self.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        self._records: deque[str] = deque(maxlen=limit)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._records.extend(self.format(record).splitlines())
+        except Exception:  # noqa: BLE001 - logging must never break a stop
+            pass
+
+    @property
+    def lines(self) -> list[str]:
+        return list(self._records)
+
+
+def virtual_cluster(vcluster, engines: str, n: int, ppn: int, reachable: bool):
+    """``vcluster`` as a VirtualCluster that can hold ``n`` engines ``ppn`` per node (None: none),
+    else a one-line ConfigError."""
+    integer("ppn: engines per node", ppn, error=ConfigError)
+    if vcluster is None:
+        if ppn != 1:
+            raise ConfigError("ppn: engines per node of a virtual cluster; give vcluster= too")
+        return None
+    from ...vcluster import PlanError, VirtualCluster, VirtualClusterError
+    try:
+        vc = VirtualCluster.attach(vcluster) if isinstance(vcluster, str) else vcluster
+        if not isinstance(vc, VirtualCluster):
+            raise ConfigError(f"vcluster: expected a workbench.VirtualCluster or the name of one, got {vcluster!r}")
+        vc.mpiexec_args(n, ppn)  # enough nodes
+    except (PlanError, VirtualClusterError) as exc:
+        raise ConfigError(f"vcluster: {exc}") from None
+    if engines not in ("mpi", "slurm"):
+        raise ConfigError(f"engines: on a virtual cluster, 'mpi' (mpiexec across its nodes) or 'slurm' (its Slurm); "
+                          f"got {engines!r}")
+    if engines == "slurm" and not vc.plan.slurm:
+        raise ConfigError(f"engines: vcluster {vc.name} has no Slurm (`workbench vcluster up {vc.name} --slurm`); "
+                          "use engines='mpi'")
+    if reachable:
+        raise ConfigError("reachable: on a virtual cluster everything listens on its head address; leave it out")
+    if vc.record is None:
+        raise ConfigError(f"vcluster: {vc.name} is not up (vc.up(), or `with VirtualCluster(...) as vc:`)")
+    return vc
+
+
+def use_slurm_of(cluster, vcluster) -> None:
+    """Point this process's Slurm commands (``SLURM_CONF``, ``PATH``) at a virtual cluster's Slurm
+    while the engines run there (None: put back what was before)."""
+    keys = ("SLURM_CONF", "PATH")
+    if vcluster is not None and cluster._slurm_env_before is None:
+        cluster._slurm_env_before = {k: os.environ.get(k) for k in keys}
+        os.environ.update(vcluster.slurm_env())
+    elif vcluster is None and cluster._slurm_env_before is not None:
+        for k, v in cluster._slurm_env_before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        cluster._slurm_env_before = None

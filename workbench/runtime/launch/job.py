@@ -1,0 +1,248 @@
+"""One launched MPI job seen from this host: its output (captured, echoed when streaming), the
+processes under the launcher, the signals this process got while it ran, the ranks' heartbeats,
+and stopping all of it. Used by :func:`workbench.runtime.launch.mpiexec.run_mpi`."""
+from __future__ import annotations
+
+import codecs
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .heartbeat import Listener
+from .signals import handling_signals
+
+
+class Job:
+    """One ``mpiexec`` (or ``srun``): its output (captured, and echoed when streaming), the processes
+    under it, the signals this process got while it ran, its ranks' heartbeats, and stopping all of it."""
+
+    POLL = 0.05  # seconds between two looks at the job
+    TERM_GRACE = 3.0  # seconds from SIGTERM to SIGKILL when stopping
+
+    def __init__(self, cmd: list[str], env: dict[str, str], cwd, stream: bool, tmp: Path,
+                 status_dir: Path, listener: Listener | None = None) -> None:
+        self.stream, self.tmp, self.status_dir, self.listener = stream, tmp, status_dir, listener
+        self.lost: list[dict] = []  # ranks whose heartbeats stopped
+        # with heartbeats (ranks on a virtual cluster's nodes, which share this host's process table),
+        # when each rank's process and its guard were first seen gone: a rank whose guard died with it
+        # (its node's processes killed) leaves no record of how it ended
+        self.guard_ended: dict[int, float] = {}
+        self._stop_watching = threading.Event()
+        self.signals: list[int] = []
+        self._chunks: list[str] = []
+        self._lock = threading.Lock()
+        self._echo_broken = False
+        self._offsets: dict[Path, int] = {}
+        self._decoders: dict[Path, object] = {}
+        self._known: dict[int, object] = {}  # pid -> psutil.Process of the job's processes
+        self._starts_seen = 0
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE if stream else subprocess.STDOUT,
+            encoding="utf-8", errors="replace", env=env, cwd=cwd, start_new_session=True)
+        if listener is not None and hasattr(os, "pidfd_open"):
+            threading.Thread(target=self._watch_guards, name="guards", daemon=True).start()
+        pipes = [(self.proc.stdout, sys.stdout)] + ([(self.proc.stderr, sys.stderr)] if stream else [])
+        self._readers = [threading.Thread(target=self._pump, args=(pipe, echo), daemon=True)
+                         for pipe, echo in pipes]
+        for reader in self._readers:
+            reader.start()
+
+    # -- output ----------------------------------------------------------------------------
+    def _echo(self, stream, text: str) -> None:
+        if not self.stream or self._echo_broken or not text:
+            return
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):  # the terminal is gone (SIGHUP) or stdout was closed
+            self._echo_broken = True
+
+    def _pump(self, pipe, echo) -> None:
+        for line in pipe:
+            with self._lock:
+                self._chunks.append(line)
+                self._echo(echo, line)
+
+    def _follow(self, final: bool = False) -> None:
+        """Show what the ranks wrote to their output files since the last look."""
+        if not self.stream:
+            return
+        for path in sorted(self.tmp.glob("rank*.out")) + sorted(self.tmp.glob("rank*.err")):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self._offsets.get(path, 0))
+                    data = f.read()
+            except OSError:
+                continue
+            self._offsets[path] = self._offsets.get(path, 0) + len(data)
+            decoder = self._decoders.setdefault(path, codecs.getincrementaldecoder("utf-8")("replace"))
+            text = decoder.decode(data, final=final)
+            with self._lock:
+                self._echo(sys.stdout if path.suffix == ".out" else sys.stderr, text)
+
+    def finish_output(self) -> None:
+        self._stop_watching.set()
+        for reader in self._readers:
+            reader.join(timeout=5)  # at EOF: every process that held mpiexec's output has ended
+        for pipe, reader in zip((self.proc.stdout, self.proc.stderr), self._readers):
+            if pipe is not None and not reader.is_alive():
+                pipe.close()
+        self._follow(final=True)
+
+    def launcher_output(self) -> str:
+        with self._lock:
+            return "".join(self._chunks)
+
+    # -- waiting ---------------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame) -> None:
+        self.signals.append(signum)
+
+    def wait(self, timeout: float, on_interrupt, grace: float) -> str:
+        """Wait until mpiexec ends: ``exited`` (by itself, after a signal or not), ``interrupted``
+        (stopped after a signal), ``lost`` (a rank's heartbeats stopped: killed) or ``timeout`` (killed)."""
+        deadline = time.monotonic() + timeout
+        stop_at = None
+        with handling_signals(self._on_signal):
+            while self.proc.poll() is None:
+                now = time.monotonic()
+                if self.signals and stop_at is None:
+                    stop_at = now
+                    if on_interrupt is not None:
+                        try:
+                            on_interrupt()
+                            stop_at = now + max(0.0, grace)
+                        except Exception:  # noqa: BLE001 - cannot ask nicely: stop it
+                            pass
+                if stop_at is not None and (now >= stop_at or len(self.signals) > 1):
+                    self.stop(immediate=len(self.signals) > 1)
+                    return "interrupted"
+                if now >= deadline:
+                    self.stop(immediate=True)
+                    return "timeout"
+                if self.listener is not None:
+                    for end in self.status_dir.glob("*.status"):  # ended ranks beat no more
+                        rank = end.stem.removeprefix("rank")
+                        if rank.isdigit():
+                            self.listener.forget(int(rank))
+                    self.lost = self.listener.silent()
+                    if self.lost:
+                        self.stop(immediate=True)
+                        return "lost"
+                self._remember_processes()
+                self._follow()
+                time.sleep(self.POLL)
+        return "exited"
+
+    def _watch_guards(self) -> None:
+        """(A thread, with heartbeats only: the ranks' pids are this host's.) When each rank's guard
+        process ends, to the millisecond (``pidfd``): a guard that ends without writing how its rank
+        ended was killed from outside, with its rank (a node's processes killed); the first of those is
+        the cause, the others (killed by the launcher after it) consequences."""
+        import json
+        import select
+        poller, fds, watched = select.poll(), {}, set()
+        try:
+            while not self._stop_watching.is_set():
+                for path in self.status_dir.glob("rank*.start"):
+                    rank = path.stem.removeprefix("rank")
+                    if not rank.isdigit() or int(rank) in watched:
+                        continue
+                    try:
+                        fd = os.pidfd_open(json.loads(path.read_text())["guard_pid"])
+                    except (OSError, ValueError, KeyError):
+                        continue  # half-written record, or the guard is gone already
+                    watched.add(int(rank))
+                    fds[fd] = int(rank)
+                    poller.register(fd, select.POLLIN)
+                for fd, _ in poller.poll(20):
+                    rank = fds.pop(fd)
+                    poller.unregister(fd)
+                    os.close(fd)
+                    self.guard_ended.setdefault(rank, time.monotonic())
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    @property
+    def vanished(self) -> dict[int, float]:
+        """Ranks whose guard ended without a record of how the rank ended, with when (monotonic s)."""
+        return {r: t for r, t in self.guard_ended.items() if not (self.status_dir / f"rank{r}.status").exists()}
+
+    def _remember_processes(self, force: bool = False) -> None:
+        """Note mpiexec's descendants (each rank runs in its own session, so a process group
+        does not hold them): looked at again whenever another rank has started."""
+        starts = len(list(self.status_dir.glob("*.start")))
+        if not force and starts == self._starts_seen and self._known:
+            return
+        self._starts_seen = starts
+        try:
+            import psutil
+            root = psutil.Process(self.proc.pid)
+            for p in [root, *root.children(recursive=True)]:
+                self._known.setdefault(p.pid, p)
+        except Exception:  # noqa: BLE001 - psutil missing, or mpiexec just ended
+            pass
+
+    def stop(self, immediate: bool = False) -> None:
+        """End every process of the job: SIGTERM (mpiexec passes it on, each rank's guard too),
+        SIGKILL after ``TERM_GRACE`` s, at once with ``immediate`` or when another signal comes."""
+        if self.proc.poll() is None:
+            self._remember_processes(force=True)
+        alive = [p for p in self._known.values() if running(p)]
+        if not alive and self.proc.poll() is not None:
+            return
+        signals_before = len(self.signals)
+        if not immediate:
+            _send(alive, signal.SIGTERM, self.proc)
+            end = time.monotonic() + self.TERM_GRACE
+            while time.monotonic() < end and len(self.signals) == signals_before:
+                self.proc.poll()
+                alive = [p for p in alive if running(p)]
+                if not alive and self.proc.poll() is not None:
+                    return
+                time.sleep(self.POLL)
+        _send([p for p in alive if running(p)], signal.SIGKILL, self.proc)
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            self.proc.poll()  # reap mpiexec: a zombie would look alive
+            if self.proc.returncode is not None and not any(running(p) for p in self._known.values()):
+                return
+            time.sleep(self.POLL)
+
+
+def pid_alive(pid) -> bool:
+    """``pid`` names a process of this host's process table that is not a zombie."""
+    if not isinstance(pid, int):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def running(process) -> bool:
+    try:
+        import psutil
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except Exception:  # noqa: BLE001 - gone
+        return False
+
+
+def _send(processes, signum: int, proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signum)
+        except OSError:
+            pass
+    for p in processes:
+        try:
+            p.send_signal(signum)  # psutil checks that the pid was not reused
+        except Exception:  # noqa: BLE001 - it ended meanwhile
+            pass
+
+

@@ -1,0 +1,337 @@
+"""``wb.VirtualCluster``: N nodes as Linux namespaces joined by shaped links, on this machine.
+
+    with wb.VirtualCluster("vc", nodes=4, topology="switch", bandwidth="100mbit") as vc:
+        vc.exec(0, ["hostname"])                       # vc-0
+        vc.mpiexec_args(8, ppn=2)                      # hydra across the nodes, UCX over TCP
+        with wb.Cluster(n=4, vcluster=vc) as cluster:  # ipyparallel engines on the nodes
+            ...
+    VirtualCluster.attach("vc")                        # one that `workbench vcluster up vc` made
+
+The head (the "login node") is this host: the notebook kernel, the CLI and the servers the nodes
+must reach, which listen on the head's address on the cluster's bridge (:attr:`head_address`).
+What a node is and how it is wired: :mod:`workbench.vcluster.wiring`; names and addresses:
+:mod:`workbench.vcluster.plan`.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Sequence
+
+from . import registry, tools, wiring
+from .plan import PREFIX, Plan, PlanError, format_rate
+from .wiring import VirtualClusterError
+
+#: the environment of MPI ranks on the nodes: MPICH's libfabric netmod with its TCP provider on the
+#: node's eth0. MPICH's default, UCX, also reaches the network here (each node has its own /dev/shm
+#: and SysV IPC, so its shared-memory transports cannot join two nodes; where namespaces share them,
+#: UCX passes messages through the host's memory and nearly nothing crosses the links), but its
+#: TCP rendezvous protocol reached 0.51-0.61 of the link's bound on 8 MiB all-reduces at 100 Mbit/s
+#: where libfabric's TCP reached 0.94-0.95 (4 nodes; ring, native, halving-doubling). Ranks of one
+#: node still meet in MPICH's own shared memory.
+MPI_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0",
+           "GLOO_SOCKET_IFNAME": "eth0"}
+
+
+def _state_dir() -> Path:
+    from ..runtime.client.records import state_dir
+    return state_dir()
+
+
+class VirtualCluster:
+    """A virtual cluster: ``nodes`` nodes on ``topology`` (``switch``, ``ring``, ``torus:RxC``,
+    ``mesh:RxC``, ``fully_connected``), every link shaped to ``bandwidth`` (``"100mbit"``,
+    ``"1gbit"``), ``latency`` added per link where the kernel has netem, ``slurm=True`` for a Slurm
+    whose slurmd runs on every node. ``shared``: the cluster's shared folder, mounted on every node
+    at the same path (default ``$WORKBENCH_STATE_DIR/vcluster/NAME/shared``). ``keep``: leave the
+    cluster up when the ``with`` block ends (otherwise it is removed, and one whose owning process
+    died is removed by the next ``up``)."""
+
+    def __init__(self, name: str = "vc", nodes: int = 4, topology: str = "switch", bandwidth: str | int = "1gbit",
+                 latency: str | float | None = None, *, slurm: bool = False, shared: str | os.PathLike | None = None,
+                 keep: bool = False) -> None:
+        shared = Path(shared).absolute() if shared else _state_dir().absolute() / "vcluster" / str(name) / "shared"
+        self.plan = Plan(name, nodes, topology, bandwidth, latency, slurm, shared=str(shared))
+        self.keep = keep
+        self.record: dict | None = None
+        self.up_seconds: float | None = None
+        self._slurm = None
+
+    # -- life -------------------------------------------------------------------------------
+    @classmethod
+    def attach(cls, name: str) -> "VirtualCluster":
+        """The running cluster called ``name`` (made by ``workbench vcluster up`` or another process)."""
+        from .plan import check_name
+        from . import rootless
+        check_name(name)
+        record = rootless.read_any(name)
+        if record is None or record.get("state") != "up":
+            raise VirtualClusterError(f"vcluster {name!r} is not up (`workbench vcluster up {name} --nodes N`)")
+        vc = cls.__new__(cls)
+        vc.plan, vc.keep, vc.record, vc.up_seconds, vc._slurm = Plan.from_dict(record), True, record, None, None
+        return vc
+
+    def up(self, timeout: float = 60.0) -> "VirtualCluster":
+        """Build the cluster and wait until every node answers (and, with Slurm, every node is idle)."""
+        if self.record is not None:
+            return self
+        t0 = time.monotonic()
+        from . import rootless
+        rootless.require_root("up")
+        name = self.plan.name
+        with registry.locked():
+            for stale in registry.stale_names():
+                wiring.teardown(stale)
+            existing = registry.read_record(name)
+            if existing is not None and existing.get("state") == "up":
+                raise VirtualClusterError(f"vcluster {name!r} is already up ({existing['nodes']} nodes, "
+                                          f"{existing['topology']}): `workbench vcluster down {name}` first")
+            wiring.teardown(name)  # what a crashed `up` of this name left
+            self.plan.slot = registry.free_slot()
+            Path(self.plan.shared).mkdir(parents=True, exist_ok=True, mode=0o755)
+            registry.folder(name).mkdir(parents=True, exist_ok=True)
+            self.record = {**self.plan.to_dict(), "state": "starting", "created": time.time(),
+                           "owner": None if self.keep else _me()}
+            registry.write_record(name, self.record)
+        try:
+            wiring.build(self.plan)
+            self._write_scripts()
+            problems = wiring.answers(self.plan, timeout=min(timeout, 10))
+            if problems:
+                raise VirtualClusterError(f"vcluster {name}: {'; '.join(problems)}")
+            if self.plan.slurm:
+                from .slurm import start_slurm
+                self._slurm = start_slurm(self, timeout=timeout)
+                self.record["slurm_conf"] = str(self._slurm.conf)
+            self.record["state"] = "up"
+            registry.write_record(name, self.record)
+        except BaseException:
+            self.record = None
+            with registry.locked():
+                wiring.teardown(name)
+            raise
+        self.up_seconds = time.monotonic() - t0
+        return self
+
+    def down(self) -> list[str]:
+        """Remove the cluster: every process on its nodes, its Slurm, namespaces, links and folder.
+        The shared folder stays (runs and checkpoints live there)."""
+        from . import rootless
+        name = self.plan.name
+        if rootless.held(name):
+            return rootless.down(name)
+        if self.plan.slurm:
+            from .slurm import stop_slurm
+            stop_slurm(self)
+        with registry.locked():
+            removed = wiring.teardown(name)
+        self.record = None
+        return removed
+
+    def __enter__(self) -> "VirtualCluster":
+        return self.up()
+
+    def __exit__(self, *exc) -> None:
+        if not self.keep:
+            self.down()
+
+    def __repr__(self) -> str:
+        p = self.plan
+        state = "up" if self.record else "down"
+        return (f"<workbench.VirtualCluster {p.name}: {p.nodes} nodes, {p.topology}, "
+                f"{format_rate(p.bandwidth)} links ({state})>")
+
+    # -- what it is -------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.plan.name
+
+    @property
+    def nodes(self) -> int:
+        return self.plan.nodes
+
+    @property
+    def shared(self) -> Path:
+        """The cluster's shared folder: the same path on the head and on every node."""
+        return Path(self.plan.shared)
+
+    @property
+    def head_address(self) -> str:
+        """The head's address on the cluster's bridge: where servers the nodes reach listen."""
+        return self.plan.head_address
+
+    @property
+    def hostnames(self) -> list[str]:
+        return [self.plan.hostname(i) for i in range(self.nodes)]
+
+    @property
+    def addresses(self) -> list[str]:
+        return [self.plan.address(i) for i in range(self.nodes)]
+
+    @property
+    def folder(self) -> Path:
+        return registry.folder(self.name)
+
+    @property
+    def standin(self) -> Path:
+        """The ssh stand-in hydra's launcher runs to start a proxy on a node."""
+        return self.folder / "bin" / "standin"
+
+    def visible(self, path: str | os.PathLike) -> bool:
+        """Whether the nodes see ``path`` at the same place: anything but ``/tmp`` and ``/dev/shm``,
+        except the shared folder and the software mounted there."""
+        real = os.path.realpath(path)
+        hidden = any(real == top or real.startswith(top + "/") for top in ("/tmp", "/dev/shm"))
+        return not hidden or any(real == p or real.startswith(p.rstrip("/") + "/")
+                                 for p in wiring.exposed_paths(self.plan))
+
+    def status(self) -> dict:
+        """Nodes (hostname, address, processes running) and links (rate, bytes sent so far)."""
+        p = self.plan
+        return {"name": p.name, "state": (self.record or {}).get("state", "down"), "topology": p.topology,
+                "bandwidth": format_rate(p.bandwidth), "latency": p.latency, "head_address": p.head_address,
+                "bridge": p.bridge, "shared": p.shared, "slurm": p.slurm,
+                "nodes": [{"node": i, "hostname": p.hostname(i), "address": p.address(i), "netns": p.netns(i),
+                           "processes": len(wiring.processes_on(p, i))} for i in range(p.nodes)],
+                "links": wiring.link_counters(p)}
+
+    def bytes_sent(self) -> int:
+        """Bytes every shaped link has sent so far, in all (what crossed the virtual network)."""
+        return sum(link["bytes_sent"] for link in wiring.link_counters(self.plan))
+
+    def processes(self, node: int) -> list[int]:
+        """Pids of what runs on ``node`` now."""
+        return wiring.processes_on(self.plan, node)
+
+    # -- running things on nodes ------------------------------------------------------------
+    def enter(self, node: int, cwd: str | os.PathLike | None = None) -> list[str]:
+        """The argv prefix that runs a command on ``node`` (in its namespaces, in ``cwd`` when the node
+        sees it, else ``/``)."""
+        self._check_node(node)
+        cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
+        wd = cwd if self.visible(cwd) else "/"
+        return [tools.tool("nsenter"), f"--net={wiring.netns_path(self.plan, node)}",
+                f"--uts={wiring.ns_file(self.plan, node, 'uts')}", f"--ipc={wiring.ns_file(self.plan, node, 'ipc')}",
+                f"--mount={wiring.ns_file(self.plan, node, 'mnt')}", f"--wd={wd}", "--"]
+
+    def exec(self, node: int, argv: Sequence[str], *, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
+        """Run ``argv`` on ``node`` and wait (output captured as text unless ``stdout``/``stderr`` are given)."""
+        kwargs.setdefault("capture_output", "stdout" not in kwargs and "stderr" not in kwargs)
+        return subprocess.run([*self.enter(node, kwargs.pop("cwd", None)), *argv], text=True, timeout=timeout, **kwargs)
+
+    def _check_node(self, node) -> None:
+        if not isinstance(node, int) or isinstance(node, bool) or not 0 <= node < self.nodes:
+            raise PlanError(f"node: must be 0..{self.nodes - 1} on vcluster {self.name}; got {node!r}")
+
+    def mpiexec_args(self, nranks: int, ppn: int = 1, wdir: str | os.PathLike | None = None) -> list[str]:
+        """mpiexec (hydra) arguments that place ``nranks`` ranks on the nodes, ``ppn`` per node in
+        block order (ranks 0..ppn-1 on node 0, ...), started through :attr:`standin`, in ``wdir``
+        (default: this directory if the nodes see it, else the shared folder)."""
+        from ..checks import integer
+        integer("ranks", nranks, error=PlanError)
+        integer("ppn", ppn, error=PlanError)
+        needed = -(-nranks // ppn)
+        if needed > self.nodes:
+            raise PlanError(f"ppn: {nranks} ranks at {ppn} per node need {needed} nodes; vcluster {self.name} has "
+                            f"{self.nodes} (raise --ppn to at least {-(-nranks // self.nodes)})")
+        hosts = ",".join(f"{self.plan.address(i)}:{ppn}" for i in range(needed))
+        wdir = os.fspath(wdir) if wdir is not None else os.getcwd()
+        return ["-launcher", "ssh", "-launcher-exec", str(self.standin), "-iface", self.plan.bridge,
+                "-hosts", hosts, "-wdir", wdir if self.visible(wdir) else str(self.shared)]
+
+    def mpi_env(self) -> dict[str, str]:
+        """Environment of the ranks: MPICH over libfabric's TCP between nodes (:data:`MPI_ENV`), and
+        the cluster's name (``WORKBENCH_VCLUSTER``)."""
+        return {**MPI_ENV, "WORKBENCH_VCLUSTER": self.name}
+
+    def run_options(self, nranks: int, ppn: int = 1, job_dir: str | os.PathLike | None = None,
+                    cwd: str | os.PathLike | None = None) -> dict:
+        """Keyword arguments of :func:`~workbench.runtime.launch.mpiexec.run_mpi` that run its ranks on
+        the nodes: hosts and launcher, transport, the job's folder (``job_dir``, default the shared
+        folder's ``jobs/``: the nodes write there) and the head address for the ranks' heartbeats."""
+        job_dir = Path(job_dir) if job_dir is not None else self.shared / "jobs"
+        if not self.visible(job_dir):
+            raise PlanError(f"job_dir: {job_dir} is not seen by the nodes of vcluster {self.name} (they have "
+                            f"their own /tmp and /dev/shm); use a folder under {self.shared} or outside /tmp")
+        return {"mpi_args": self.mpiexec_args(nranks, ppn, cwd), "env": self.mpi_env(), "job_dir": job_dir,
+                "heartbeat": self.head_address}
+
+    def slurm_env(self) -> dict[str, str]:
+        """``SLURM_CONF`` of the cluster's Slurm and ``PATH`` with its commands first (they run as the
+        head, whose name resolves to its bridge address, so srun's own ports are reachable from the nodes)."""
+        if not self.plan.slurm:
+            raise PlanError(f"slurm: vcluster {self.name} has no Slurm (`workbench vcluster up {self.name} --slurm`)")
+        from .slurm import root_of
+        conf = (self.record or {}).get("slurm_conf") or str(root_of(self) / "slurm.conf")
+        return {"SLURM_CONF": conf, "PATH": f"{self.folder / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    def env_lines(self) -> str:
+        """``export`` lines for a shell on the head: the Slurm of the cluster (``SLURM_CONF``, and
+        ``PATH`` with Slurm's commands run as the head, whose name resolves to its bridge address)."""
+        lines = [f"export WORKBENCH_VCLUSTER={self.name}"]
+        if self.plan.slurm:
+            lines += [f"export SLURM_CONF={self.slurm_env()['SLURM_CONF']}", f"export PATH={self.folder / 'bin'}:$PATH"]
+        return "\n".join(lines)
+
+    def _write_scripts(self) -> None:
+        """The stand-in for ssh (hydra's launcher) and, with Slurm, the head's Slurm commands."""
+        p, nsenter = self.plan, tools.tool("nsenter")
+        cases = "\n".join(f"  {p.address(i)}|{p.hostname(i)}) n={i};;" for i in range(p.nodes))
+        ns = registry.folder(p.name) / "ns"
+        script = f"""#!/bin/sh
+# vcluster {p.name}: hydra's ssh launcher runs `standin [-x] HOST COMMAND`: COMMAND runs on node HOST
+while [ $# -gt 0 ]; do case "$1" in -*) shift;; *) break;; esac; done
+host=$1; shift
+case "$host" in
+{cases}
+  *) echo "vcluster {p.name}: no node called $host" >&2; exit 255;;
+esac
+exec {nsenter} --net=/var/run/netns/{PREFIX}-{p.name}-$n --uts={ns}/$n.uts --ipc={ns}/$n.ipc --mount={ns}/$n.mnt --wd=/ -- sh -c "$*"
+"""
+        self.standin.write_text(script)
+        self.standin.chmod(0o755)
+        if p.slurm:
+            for command in ("srun", "sbatch", "salloc", "squeue", "scancel", "sinfo", "scontrol"):
+                real = shutil.which(command, path="/usr/bin:/usr/sbin:/bin") or f"/usr/bin/{command}"
+                wrapper = self.folder / "bin" / command
+                wrapper.write_text(f"""#!/bin/sh
+# {command} as the head of vcluster {p.name} (whose name resolves to {p.head_address}); on a node (a job's
+# PATH carries this folder there too) the command itself
+case "$(hostname)" in {p.name}-[0-9]*) exec {real} "$@";; esac
+exec {nsenter} --uts={ns}/head.uts --mount={ns}/head.mnt --wd="$PWD" -- {real} "$@"
+""")
+                wrapper.chmod(0o755)
+
+    # -- faults -----------------------------------------------------------------------------
+    def set_link(self, node: int, up: bool) -> None:
+        """Take node ``node``'s links down (a partition: nothing reaches it or leaves it) or up again."""
+        self._check_node(node)
+        devices = ["eth0"] + [c.device(node) for c in self.plan.cables if node in (c.a, c.b)]
+        tools.ip_batch([f"link set dev {d} {'up' if up else 'down'}" for d in devices],
+                        f"vcluster {self.name}: set node {node}'s links {'up' if up else 'down'}",
+                        netns=self.plan.netns(node))
+        if up and not self.plan.switched:  # routes through a cable vanish with it: put them back
+            tools.ip_batch([f"route replace {r.dst}/32 via {r.via} dev {r.device} onlink src {self.plan.address(node)}"
+                             for r in self.plan.routes(node)], f"vcluster {self.name}: restore node {node}'s routes",
+                            netns=self.plan.netns(node))
+
+    def kill_node(self, node: int) -> list[int]:
+        """SIGKILL every process on ``node`` (a node that crashed; its namespaces stay)."""
+        import signal
+        pids = self.processes(node)
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        return pids
+
+
+def _me() -> dict:
+    import psutil
+    me = psutil.Process()
+    return {"pid": me.pid, "started": me.create_time()}
+
