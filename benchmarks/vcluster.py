@@ -4,7 +4,7 @@ the simulator's predictions compare, MultiTree on a 4x4 torus of real TCP, and w
     python benchmarks/vcluster.py [--sections up,allreduce,torus,partition] [--quick]
 
 - ``up``: ``VirtualCluster.up()`` / ``down()`` for 4 and 16 nodes, with and without Slurm.
-- ``allreduce``: 4 nodes on a switch at 1 Gbit/s and 100 Mbit/s, 1-64 MiB, every schedule and MPICH's
+- ``allreduce``: 4 nodes on a switch at 1 Gbit/s and 100 Mbit/s (and 100 Mbit/s with 1 MiB queues), 1-64 MiB, every schedule and MPICH's
   native ``MPI_Allreduce`` (``workbench.bench.allreduce`` on the nodes, one rank each); busbw as
   nccl-tests defines it against the link's bound ``2(n-1)/n * S / B``; beside it ``workbench simulate``
   on ``switch:4`` with the link rate times TCP's payload share (1448 of every 1514 bytes on the wire:
@@ -40,9 +40,9 @@ PAYLOAD = 1448 / 1514  # TCP payload bytes per byte on the wire (MTU 1500, times
 MIB = 1 << 20
 
 
-def _cluster(name, nodes, topology="switch", bandwidth="1gbit", slurm=False, shared=None):
+def _cluster(name, nodes, topology="switch", bandwidth="1gbit", slurm=False, shared=None, queue=None):
     from workbench.vcluster import VirtualCluster
-    return VirtualCluster(name, nodes, topology, bandwidth, slurm=slurm, shared=shared)
+    return VirtualCluster(name, nodes, topology, bandwidth, slurm=slurm, shared=shared, queue=queue)
 
 
 def measure_up(repeats: int, scratch: Path) -> list[dict]:
@@ -81,7 +81,7 @@ def ping_pong_latency(vc, rounds: int = 2000) -> float:
     return float(out) / 2
 
 
-def measure_allreduce(rates: list[str], sizes: list[int], repetitions: int, scratch: Path) -> dict:
+def measure_allreduce(rates: list[tuple[str, str | None]], sizes: list[int], repetitions: int, scratch: Path) -> dict:
     from workbench.netsim.study import compare
     from workbench.network import switch
     from workbench.runtime.launch.mpiexec import run_mpi
@@ -89,8 +89,9 @@ def measure_allreduce(rates: list[str], sizes: list[int], repetitions: int, scra
     from workbench.vcluster.plan import parse_rate
     algorithms = ["ring", "recursive_doubling", "halving_doubling", "binary_tree", "double_binary_tree", "native"]
     out = {}
-    for rate in rates:
-        with _cluster("bar", 4, "switch", rate, shared=scratch / "allreduce") as vc:
+    for rate, queue in rates:
+        key = rate + (f", queue {queue}" if queue else "")
+        with _cluster("bar", 4, "switch", rate, shared=scratch / "allreduce", queue=queue) as vc:
             latency = ping_pong_latency(vc)
             report_path = vc.shared / f"allreduce-{rate}.json"
             run_mpi(4, ["-m", "workbench.bench.allreduce", "--sizes", ",".join(format_size(s) for s in sizes),
@@ -110,8 +111,8 @@ def measure_allreduce(rates: list[str], sizes: list[int], repetitions: int, scra
                    "predicted_s": predicted.get((r["algorithm"], r["bytes"]))}
             row["predicted_over_measured"] = row["predicted_s"] / r["median_s"] if row["predicted_s"] else None
             rows.append(row)
-        out[rate] = {"one_way_latency_s": latency, "link_bytes_sent": sent, "rows": rows}
-        print(f"\n4 nodes on a switch at {rate}: one-way latency {latency * 1e6:.0f} us (TCP ping-pong)")
+        out[key] = {"one_way_latency_s": latency, "link_bytes_sent": sent, "queue": queue, "rows": rows}
+        print(f"\n4 nodes on a switch at {key}: one-way latency {latency * 1e6:.0f} us (TCP ping-pong)")
         print(tabulate([[r["algorithm"], r["size"], f"{r['median_s'] * 1e3:.1f}", f"{r['busbw_GBps'] * 8e3:.1f}",
                          f"{r['of_bound']:.2f}", f"{r['predicted_s'] * 1e3:.1f}" if r["predicted_s"] else "-",
                          f"{r['predicted_over_measured']:.2f}" if r["predicted_over_measured"] else "-"]
@@ -218,7 +219,8 @@ def main() -> None:
     if "up" in sections:
         report["up"] = measure_up(2 if args.quick else 3, scratch)
     if "allreduce" in sections:
-        report["allreduce"] = measure_allreduce(["1gbit", "100mbit"], sizes, args.repetitions, scratch)
+        report["allreduce"] = measure_allreduce([("1gbit", None), ("100mbit", None), ("100mbit", "1M")], sizes,
+                                                args.repetitions, scratch)
     if "torus" in sections:
         report["torus"] = measure_torus(["50mbit", "100mbit", "200mbit"] if not args.quick else ["100mbit"],
                                         [4 * MIB, 8 * MIB, 16 * MIB] if not args.quick else [4 * MIB],

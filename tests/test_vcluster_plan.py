@@ -27,6 +27,15 @@ def test_a_bad_rate_is_one_line_naming_the_option(text):
     assert str(info.value).startswith("bandwidth: ") and "\n" not in str(info.value) and "100mbit" in str(info.value)
 
 
+def test_queue_sizes():
+    assert Plan("vc", 2, queue="1M").queue == 1 << 20 and Plan("vc", 2, queue=131072).queue == 131072
+    from workbench.vcluster.wiring import queue_bytes
+    assert queue_bytes(Plan("vc", 2, bandwidth="100mbit")) == 128 << 10  # the floor
+    assert queue_bytes(Plan("vc", 2, bandwidth="10gbit")) == 10**10 // 8 * 5 // 1000  # 5 ms at the rate
+    with pytest.raises(PlanError, match="^queue: "):
+        Plan("vc", 2, queue="huge")
+
+
 def test_latency_units():
     assert parse_latency("50us") == pytest.approx(50e-6) and parse_latency("1ms") == pytest.approx(1e-3)
     with pytest.raises(PlanError, match="^latency: "):

@@ -1,7 +1,7 @@
 """``workbench vcluster``: a virtual cluster of namespaced nodes with shaped links on this machine.
 
     workbench vcluster up NAME --nodes N [--topology switch|ring|torus:RxC|mesh:RxC|fully_connected]
-                          [--bandwidth RATE] [--latency T] [--slurm] [--shared DIR]
+                          [--bandwidth RATE] [--latency T] [--queue BYTES] [--slurm] [--shared DIR]
     workbench vcluster status NAME [--json]        nodes (hostname, address), links (rate, bytes sent)
     workbench vcluster list                        the clusters that are up
     workbench vcluster exec NAME --node I -- CMD...
@@ -33,6 +33,8 @@ def add_to(sub) -> None:
                     help="rate of every link, tc's units: 100mbit, 1gbit (default), 25gbit")
     up.add_argument("--latency", default=None, metavar="T",
                     help="added per link (50us, 1ms); needs the kernel's netem qdisc")
+    up.add_argument("--queue", default=None, metavar="BYTES",
+                    help="bytes each link may queue, like 128K or 1M (default 5 ms at the rate, at least 128K)")
     up.add_argument("--slurm", action="store_true", help="a Slurm: slurmctld on the head, slurmd on every node")
     up.add_argument("--shared", metavar="DIR", help="the cluster's shared folder, the same path on every node "
                                                     "(default $WORKBENCH_STATE_DIR/vcluster/NAME/shared)")
@@ -99,7 +101,7 @@ def up_command(args) -> int:
     from ..vcluster import VirtualCluster, rootless
     try:
         vc = VirtualCluster(args.name, args.nodes, args.topology, args.bandwidth, args.latency, slurm=args.slurm,
-                            shared=args.shared, keep=True)
+                            shared=args.shared, queue=args.queue, keep=True)
         if not rootless.is_root():
             rootless.up(vc, args.timeout)
         else:

@@ -48,13 +48,15 @@ class VirtualCluster:
     whose slurmd runs on every node. ``shared``: the cluster's shared folder, mounted on every node
     at the same path (default ``$WORKBENCH_STATE_DIR/vcluster/NAME/shared``). ``keep``: leave the
     cluster up when the ``with`` block ends (otherwise it is removed, and one whose owning process
-    died is removed by the next ``up``)."""
+    died is removed by the next ``up``). ``queue``: bytes each link may queue (``"128K"``, ``"1M"``;
+    default 5 ms at the rate, at least 128 KiB: small queues drop packets when several nodes send to
+    one, large ones delay MPI's control messages behind data)."""
 
     def __init__(self, name: str = "vc", nodes: int = 4, topology: str = "switch", bandwidth: str | int = "1gbit",
                  latency: str | float | None = None, *, slurm: bool = False, shared: str | os.PathLike | None = None,
-                 keep: bool = False) -> None:
+                 queue: str | int | None = None, keep: bool = False) -> None:
         shared = Path(shared).absolute() if shared else _state_dir().absolute() / "vcluster" / str(name) / "shared"
-        self.plan = Plan(name, nodes, topology, bandwidth, latency, slurm, shared=str(shared))
+        self.plan = Plan(name, nodes, topology, bandwidth, latency, slurm, shared=str(shared), queue=queue)
         self.keep = keep
         self.record: dict | None = None
         self.up_seconds: float | None = None
@@ -190,9 +192,11 @@ class VirtualCluster:
 
     def status(self) -> dict:
         """Nodes (hostname, address, processes running) and links (rate, bytes sent so far)."""
+        self._not_held("read its status")
         p = self.plan
         return {"name": p.name, "state": (self.record or {}).get("state", "down"), "topology": p.topology,
-                "bandwidth": format_rate(p.bandwidth), "latency": p.latency, "head_address": p.head_address,
+                "bandwidth": format_rate(p.bandwidth), "latency": p.latency, "queue_bytes": wiring.queue_bytes(p),
+                "head_address": p.head_address,
                 "bridge": p.bridge, "shared": p.shared, "slurm": p.slurm,
                 "nodes": [{"node": i, "hostname": p.hostname(i), "address": p.address(i), "netns": p.netns(i),
                            "processes": len(wiring.processes_on(p, i))} for i in range(p.nodes)],
@@ -211,6 +215,7 @@ class VirtualCluster:
         """The argv prefix that runs a command on ``node`` (in its namespaces, in ``cwd`` when the node
         sees it, else ``/``)."""
         self._check_node(node)
+        self._not_held("enter a node")
         cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
         wd = cwd if self.visible(cwd) else "/"
         return [tools.tool("nsenter"), f"--net={wiring.netns_path(self.plan, node)}",
@@ -221,6 +226,12 @@ class VirtualCluster:
         """Run ``argv`` on ``node`` and wait (output captured as text unless ``stdout``/``stderr`` are given)."""
         kwargs.setdefault("capture_output", "stdout" not in kwargs and "stderr" not in kwargs)
         return subprocess.run([*self.enter(node, kwargs.pop("cwd", None)), *argv], text=True, timeout=timeout, **kwargs)
+
+    def _not_held(self, what: str) -> None:
+        """A rootless cluster seen from outside its user namespace: its namespaces are not this process's."""
+        if os.geteuid() != 0 and (self.record or {}).get("holder"):
+            raise VirtualClusterError(f"vcluster {self.name} lives in a user namespace; to {what}, use the CLI, which "
+                                      f"runs inside it: workbench vcluster exec|mpiexec|status {self.name} ...")
 
     def _check_node(self, node) -> None:
         if not isinstance(node, int) or isinstance(node, bool) or not 0 <= node < self.nodes:

@@ -86,6 +86,18 @@ def parse_latency(text) -> float:
     raise PlanError(f"latency: {text!r} is not a time under 10 s like 50us, 1ms (units: s, ms, us)")
 
 
+def parse_queue(text) -> int:
+    """A link's queue: bytes (``131072``) or with a K/M suffix (``128K``, ``1M``), 4 KiB to 1 GiB."""
+    from ..sizes import parse_size
+    try:
+        value = parse_size(str(text)) if not isinstance(text, int) else text
+    except ValueError:
+        value = 0
+    if not 4096 <= value <= 1 << 30:
+        raise PlanError(f"queue: {text!r} is not a size from 4K to 1G like 128K or 1M (bytes each link may queue)")
+    return value
+
+
 def parse_topology(spec, nodes: int) -> Topology:
     """The network of ``nodes`` nodes named by ``spec``: ``switch``, ``ring``, ``fully_connected``
     (their size is ``nodes``), ``torus:RxC`` or ``mesh:RxC`` (R x C must equal ``nodes``)."""
@@ -131,6 +143,8 @@ class Route:
 class Plan:
     """What ``up`` builds. ``topology``: a spelling :func:`parse_topology` accepts; ``bandwidth``:
     bits/s of every shaped link; ``latency``: seconds added per link (None: the kernel's own);
+    ``queue``: bytes each link may queue (None: :data:`~workbench.vcluster.wiring.QUEUE_SECONDS` at
+    the rate, at least 128 KiB);
     ``slot``: which /24 of 198.18.0.0/15 the cluster uses (chosen free by :mod:`.wiring`)."""
 
     name: str
@@ -141,6 +155,7 @@ class Plan:
     slurm: bool = False
     slot: int = 0
     shared: str = ""
+    queue: int | None = None
     _topo: Topology | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -153,6 +168,8 @@ class Plan:
             self.bandwidth = parse_rate(str(int(self.bandwidth)))
         if self.latency is not None and not isinstance(self.latency, (int, float)):
             self.latency = parse_latency(self.latency)
+        if self.queue is not None:
+            self.queue = parse_queue(self.queue)
         if not (isinstance(self.slot, int) and 0 <= self.slot < SLOTS):
             raise PlanError(f"slot: must be 0..{SLOTS - 1}; got {self.slot!r}")
         self._topo = parse_topology(self.topology, self.nodes)
@@ -247,4 +264,4 @@ class Plan:
 
 
 #: what a Plan is made of (its record in the cluster's folder)
-FIELDS = ("name", "nodes", "topology", "bandwidth", "latency", "slurm", "slot", "shared")
+FIELDS = ("name", "nodes", "topology", "bandwidth", "latency", "slurm", "slot", "shared", "queue")

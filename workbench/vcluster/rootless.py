@@ -206,7 +206,7 @@ def hold(plan_json: str, ready: str) -> int:
     tools.run(["ip", "link", "set", "dev", "lo", "up"], "the head's loopback")
     plan = Plan.from_dict(json.loads(plan_json))
     vc = VirtualCluster(plan.name, plan.nodes, plan.topology, plan.bandwidth, plan.latency, shared=plan.shared,
-                        keep=True)
+                        queue=plan.queue, keep=True)
     vc.up()
     Path(ready).write_text(json.dumps({**vc.record, "up_seconds": vc.up_seconds}))
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))

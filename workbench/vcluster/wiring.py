@@ -58,16 +58,25 @@ def _shaping(plan: Plan, device: str) -> list[str]:
         lines.append(f"qdisc add dev {device} parent 1:1 handle 10: netem delay {plan.latency * 1e6:.0f}us "
                      "limit 100000")
     else:
-        queue = max(QUEUE_MIN_BYTES, int(plan.bandwidth / 8 * QUEUE_SECONDS))
-        lines.append(f"qdisc add dev {device} parent 1:1 handle 10: bfifo limit {queue}")
+        lines.append(f"qdisc add dev {device} parent 1:1 handle 10: bfifo limit {queue_bytes(plan)}")
     return lines
 
 
-#: the queue behind each shaper, in bytes: QUEUE_SECONDS at the link's rate, at least
-#: QUEUE_MIN_BYTES (a switch port's shallow buffer), where the default 1000-packet FIFO would hold
-#: 120 ms at 100 Mbit/s and stretch every round trip by as much (this kernel has no fq_codel)
+#: the default queue behind each shaper (a switch port's buffer), in bytes: QUEUE_SECONDS at the
+#: link's rate, at least QUEUE_MIN_BYTES. Measured at 100 Mbit/s, 4 nodes: the kernel's default
+#: 1000-packet FIFO holds 120 ms and stretches every round trip by as much (this kernel has no
+#: fq_codel); with 128 KiB a ring all-reduce of 8 MiB reaches 0.95 of the bound, but when two
+#: children send to one parent at once (binary trees) packets drop (55-160 per port), each a TCP
+#: retransmission timeout (1 MiB trees 3-4x slower than the simulator); with 256 KiB-1 MiB nothing
+#: drops and the trees come within 2-10% of it, but the ring falls to 0.77-0.80: MPI's control
+#: messages wait behind the queued data. `--queue` chooses per cluster.
 QUEUE_SECONDS = 0.005
 QUEUE_MIN_BYTES = 128 << 10
+
+
+def queue_bytes(plan: Plan) -> int:
+    """Bytes each of the plan's links may queue."""
+    return plan.queue or max(QUEUE_MIN_BYTES, int(plan.bandwidth / 8 * QUEUE_SECONDS))
 
 
 def check_latency_supported(plan: Plan) -> None:
