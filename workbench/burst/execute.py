@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ..checks import integer
+from ..deadline import poll
 from .graph import BurstError
 from .plan import Plan, sample_ranges
 
@@ -169,17 +170,15 @@ def _wait(pairs, timeout: float, me: int, what: str) -> None:
     pending after ``timeout`` s."""
     from mpi4py import MPI
 
-    from ..comm.nonblocking import yield_cpu
     if not pairs:
         return
-    requests, start = [r for r, _ in pairs], time.monotonic()
-    while not MPI.Request.Testall(requests):
-        now = time.monotonic()
-        if now >= start + timeout:
-            pending = sorted({str(p) for r, p in pairs if not r.Test()})
-            raise TimeoutError(f"rank {me}: {what} did not complete within {timeout:g} s; "
-                               f"still waiting on rank(s) {', '.join(map(str, pending))}")
-        yield_cpu() if now - start < SPIN_S else time.sleep(NAP_S)
+    requests = [r for r, _ in pairs]
+
+    def expired() -> TimeoutError:
+        pending = sorted({str(p) for r, p in pairs if not r.Test()})
+        return TimeoutError(f"rank {me}: {what} did not complete within {timeout:g} s; "
+                            f"still waiting on rank(s) {', '.join(map(str, pending))}")
+    poll(lambda: MPI.Request.Testall(requests), timeout, expired, spin=SPIN_S, nap=NAP_S)
 
 
 def _move(comm, route, src_rows, rows: int, shape, dtype, tag: int, timeout: float, what: str):

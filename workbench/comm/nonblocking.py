@@ -32,7 +32,6 @@ same waits in between), or warm the size up with a blocking ``allreduce`` first.
 """
 from __future__ import annotations
 
-import os
 import time
 from typing import Any, Sequence
 
@@ -40,6 +39,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import schedules, telemetry
+from ..deadline import Deadline, poll
 from .buffers import FlatBuffer
 from .executor import (cached_on, compile_plan, finish_step, post_step, private_comm, state_key,
                        truncation_error)
@@ -64,7 +64,6 @@ class _CommState:
 
 
 _STATE = state_key()
-yield_cpu = getattr(os, "sched_yield", lambda: time.sleep(0))  # no sched_yield on macOS
 _ACTIVE: list["Handle"] = []  # every outstanding handle of this process, in issue order
 
 
@@ -158,15 +157,10 @@ class Handle:
             timeout: seconds; ``None`` waits forever. On expiry raises :class:`TimeoutError`
                 and the handle stays outstanding (wait again, or :meth:`cancel` it).
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.test():
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"rank {self.comm.Get_rank()}: iallreduce:{self.algorithm} of {self.nbytes} bytes "
-                    f"({self._flat.dtype_name}, {self.bytes_sent} bytes to send) on a "
-                    f"{self.comm.Get_size()}-rank communicator did not complete within {timeout} s"
-                    f"{self._where()}")
-            yield_cpu()  # ranks often outnumber cores: let the peers we wait for run
+        poll(self.test, timeout, lambda: TimeoutError(
+            f"rank {self.comm.Get_rank()}: iallreduce:{self.algorithm} of {self.nbytes} bytes "
+            f"({self._flat.dtype_name}, {self.bytes_sent} bytes to send) on a "
+            f"{self.comm.Get_size()}-rank communicator did not complete within {timeout} s{self._where()}"))
         return self.buf
 
     def cancel(self) -> None:
@@ -305,7 +299,7 @@ def progress(comm: MPI.Comm | None = None) -> int:
 
 def waitall(handles: Sequence[Handle], timeout: float | None = None) -> list[Any]:
     """Wait for every handle (``timeout``: seconds for all of them together); return their buffers."""
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = Deadline(timeout)
     for handle in handles:
-        handle.wait(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+        handle.wait(deadline.left())
     return [h.buf for h in handles]

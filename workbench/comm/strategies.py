@@ -46,7 +46,8 @@ from mpi4py import MPI
 from .buckets import bucket_bounds  # noqa: F401 - the buckets' one home, named here too
 from .implementations import sent_bytes
 from .names import AUTO, NATIVE
-from .nonblocking import Handle, yield_cpu, iallreduce, progress
+from ..deadline import Deadline, poll
+from .nonblocking import Handle, iallreduce, progress
 from .options import Communication
 
 #: fp16 dynamic loss scaling: the first scale, the factor on overflow, and how many good steps
@@ -173,12 +174,10 @@ class Work:
             self.handle, self.then = nxt.handle, nxt.then
 
     def wait(self, timeout: float | None = None) -> None:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.test():
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"rank {self.handle.comm.Get_rank()}: a gradient bucket's all-reduce "
-                                   f"did not complete within {timeout} s ({self.handle!r})")
-            yield_cpu()  # as Handle.wait: let the peers we wait for run (cnn: 8.9 -> 7.0 ms/step)
+        # yields the CPU between tries: let the peers we wait for run (cnn: 8.9 -> 7.0 ms/step)
+        poll(self.test, timeout, lambda: TimeoutError(
+            f"rank {self.handle.comm.Get_rank()}: a gradient bucket's all-reduce did not complete within "
+            f"{timeout} s ({self.handle!r})"))
 
 
 def reduce_tensor(state: CommState, tensor: torch.Tensor, dense_elems: int | None,
@@ -354,9 +353,9 @@ class GradientReducer:
         CSC's momentum and residual are put back as they were at :meth:`start`)."""
         self._issue_ready(everything=True)
         timeout = self.state.timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = Deadline(timeout)
         for work in self._issued:
-            work.wait(None if deadline is None else max(deadline - time.monotonic(), 0.0))
+            work.wait(deadline.left())
         applied = self._decide(timeout)
         self.state.settle(applied)
         return applied
