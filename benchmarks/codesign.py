@@ -20,9 +20,9 @@ from workbench.runtime.launch.batch import train
 RESULTS = Path(__file__).resolve().parent / "results"
 
 VARIANTS = [  # (label, RunConfig changes)
-    ("original EASGD (round-robin master), per-layer messages", dict(algorithm="easgd", single_buffer=False)),
+    ("original EASGD (round-robin master), per-layer messages", dict(algorithm="easgd", fusion_bytes=0)),
     ("original EASGD (round-robin master), single buffer", dict(algorithm="easgd")),
-    ("Sync EASGD, sequential reduction (linear), per-layer", dict(algorithm="sync-easgd", collective="linear", single_buffer=False)),
+    ("Sync EASGD, sequential reduction (linear), per-layer", dict(algorithm="sync-easgd", collective="linear", fusion_bytes=0)),
     ("Sync EASGD, sequential reduction (linear), single buffer", dict(algorithm="sync-easgd", collective="linear")),
     ("Sync EASGD, tree (binary_tree), single buffer", dict(algorithm="sync-easgd", collective="binary_tree")),
     ("Sync EASGD, ring, single buffer", dict(algorithm="sync-easgd", collective="ring")),

@@ -54,7 +54,7 @@ def worker(args) -> None:
     from workbench import models
     model = models.build(cfg.model, ctx.data.num_features, ctx.data.num_classes)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+    opt = torch.optim.SGD(ddp.parameters(), lr=cfg.hyper.lr, momentum=cfg.hyper.momentum)
 
     def ddp_step(step):
         X, y = ctx.batches.batch(step)

@@ -178,7 +178,7 @@ def ddp_worker(run_dir: Path) -> None:
             if step < 2:  # DDP rebuilds its buckets once, in the second step's forward
                 self.ctx.flat.check_grads_are_views()
                 self.buckets = len(self.ddp.reducer._get_zeros_like_grad_buckets())
-            x, self.velocity = rules.momentum_sgd(ctx.flat.data, self.velocity, ctx.flat.grad, cfg.lr, cfg.momentum)
+            x, self.velocity = rules.momentum_sgd(ctx.flat.data, self.velocity, ctx.flat.grad, cfg.hyper.lr, cfg.hyper.momentum)
             ctx.flat.data.copy_(x)
             compressed = self.hook == "powersgd" and step >= self.start_iter
             if ctx.size > 1:

@@ -70,7 +70,7 @@ def main() -> None:
                 t = time.monotonic()
                 proc = subprocess.run([sys.executable, "-m", "workbench.cli", "train", "--algorithm", args.algorithm,
                                        "--ranks", str(args.ranks), "--epochs", str(args.epochs), "--launcher",
-                                       launcher, *extra, "--out", str(out)], capture_output=True, text=True,
+                                       {"mpiexec": "mpi", "srun": "slurm"}[launcher], *extra, "--out", str(out)], capture_output=True, text=True,
                                       cwd=ROOT, timeout=600)
                 elapsed = time.monotonic() - t
                 if proc.returncode != 0:

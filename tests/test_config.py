@@ -30,7 +30,7 @@ from workbench.data import save_arrays
     ({"dataset": "imagenet"}, "dataset must be one of digits, synthetic or a path to an .npz"),
     ({"dataset": "/nonexistent/x.npz"}, "dataset: cannot read"),
     ({"collective": "fastest"}, "collective must be one of auto, native, ring"),
-    ({"single_buffer": "yes"}, "single_buffer must be true or false"),
+    ({"overlap": "yes"}, "overlap must be true or false"),
     ({"fail_rank": 1}, "fail_rank and fail_step go together"),
     ({"fail_rank": 7, "fail_step": 1}, "fail_rank must be a rank in 0..3"),
     ({"fail_rank": 1, "fail_step": -1}, "fail_step must be an integer >= 0"),
@@ -44,17 +44,47 @@ def test_bad_values_are_named(changes, message):
 
 def test_defaults_follow_the_algorithm_and_the_paper():
     cfg = RunConfig(algorithm="sync-easgd", ranks=4)
-    assert cfg.workers == 4 and cfg.lr == 0.1
-    assert cfg.workers * cfg.lr * cfg.rho == pytest.approx(BETA)  # beta = p*alpha = 0.9
+    assert cfg.workers == 4 and cfg.hyper.lr == 0.1
+    assert cfg.workers * cfg.hyper.lr * cfg.hyper.rho == pytest.approx(BETA)  # beta = p*alpha = 0.9
     master = RunConfig(algorithm="async-easgd", ranks=4)
-    assert master.workers == 3 and master.workers * master.lr * master.rho == pytest.approx(BETA)
-    assert RunConfig(algorithm="async-msgd").momentum == 0.9
+    assert master.workers == 3 and master.workers * master.hyper.lr * master.hyper.rho == pytest.approx(BETA)
+    assert RunConfig(algorithm="async-msgd").hyper.momentum == 0.9
+    assert RunConfig(algorithm="async-msgd", momentum=0.5).hyper.momentum == 0.5
+    # derived, never written over the caller's fields
+    assert (cfg.lr, cfg.rho, cfg.momentum) == (None, None, None)
 
 
-def test_round_trip_through_json():
-    cfg = RunConfig(algorithm="hogwild-easgd", ranks=3, tau=4, seed=7)
-    again = RunConfig.from_dict(__import__("json").loads(cfg.to_json()))
-    assert again == cfg
+@pytest.mark.parametrize("values", [
+    {"algorithm": "hogwild-easgd", "ranks": 3, "tau": 4, "seed": 7},
+    {"algorithm": "sync-sgd", "lr": 0.05, "communication": "fp16"},  # a preset stays a preset
+    {"algorithm": "sync-sgd", "ranks": 2},  # lr/rho/momentum derived: read back unchanged, no special case
+    {"algorithm": "easgd", "ranks": 3, "fusion_bytes": 0, "extra": {"label": "x"}},
+])
+def test_round_trip_through_json(values):
+    import json
+    cfg = RunConfig(**values)
+    again = RunConfig.from_dict(json.loads(cfg.to_json()))
+    assert again == cfg and again.to_dict() == cfg.to_dict() and again.hyper == cfg.hyper
+    assert {k: v for k, v in cfg.to_dict().items() if k in values} == values
+
+
+def test_a_preset_is_a_bundle_of_the_real_knobs():
+    cfg = RunConfig(algorithm="sync-sgd", communication="fp16")
+    assert cfg.communication == "fp16" and cfg.wire_dtype == "fp32"  # the fields say what was given
+    opts = cfg.communication_options
+    assert (opts.wire_dtype, opts.fusion_bytes, opts.overlap) == ("fp16", 1 << 20, True)
+
+
+def test_single_buffer_is_a_deprecated_spelling_of_fusion_bytes_0():
+    with pytest.warns(DeprecationWarning, match="single_buffer=False is fusion_bytes=0"):
+        cfg = RunConfig(algorithm="easgd", ranks=3, single_buffer=False)
+    assert cfg.fusion_bytes == 0 and "single_buffer" not in cfg.to_dict()
+    with pytest.warns(DeprecationWarning):
+        old = RunConfig.from_dict({**RunConfig(algorithm="sync-sgd").to_dict(), "single_buffer": True})
+    assert old.fusion_bytes is None
+    with pytest.raises(ConfigError, match="fusion_bytes: easgd is master-based: its workers send one message per "
+                                          "exchange"):
+        RunConfig(algorithm="easgd", ranks=3, fusion_bytes=4096)
 
 
 def test_unknown_field_is_named():
@@ -69,3 +99,21 @@ def test_user_arrays_are_checked_for_shard_size(tmp_path):
     RunConfig(dataset=str(path), ranks=2, batch_size=20)
     with pytest.raises(ConfigError, match="larger than a worker's shard \\(20 samples"):
         RunConfig(dataset=str(path), ranks=2, batch_size=21)
+
+
+def test_one_declared_option_reaches_every_reader(tmp_path):
+    """label_smoothing is one field in config.py and one use in the rank's loss
+    (docs/architecture.md, "How to add an option"): the CLI, the checks, sweeps and the store
+    all know it from that declaration."""
+    from workbench.cli import build_parser
+    from workbench.cli.training import _config
+    from workbench.sweep import Sweep
+    args = build_parser().parse_args(["train", "--algorithm", "sync-sgd", "--label-smoothing", "0.1"])
+    assert _config(args, "sync-sgd").label_smoothing == 0.1
+    assert _config(build_parser().parse_args(["train", "--algorithm", "sync-sgd"]), "sync-sgd").label_smoothing == 0
+    with pytest.raises(ConfigError, match=r"^label_smoothing must be a number in \[0, 1\); got 1.5$"):
+        RunConfig(label_smoothing=1.5)
+    sweep = Sweep(RunConfig(algorithm="sync-sgd", ranks=2, epochs=1), {"label_smoothing": [0.0, 0.2]},
+                  store=tmp_path / "s.sqlite")
+    assert sorted(cfg.label_smoothing for _, cfg in sweep.points) == [0.0, 0.2]
+    assert "label_smoothing" in sweep.store.runs().columns

@@ -68,7 +68,8 @@ def test_sparse_communication_sends_a_fraction(runs):
     assert csc["compression_ratio"] > 5  # ratio 0.1 of the chunks, plus the chunks' norms
     assert csc["messages_per_step"] == 2  # the norms, then the selected chunks
     flow = runs["gradientflow"][0]
-    assert flow["config"]["wire_dtype"] == "fp16" and flow["config"]["sparse_ratio"] == 0.1
+    assert flow["communication"]["wire_dtype"] == "fp16" and flow["communication"]["sparse_ratio"] == 0.1
+    assert flow["config"]["communication"] == "gradientflow"  # the config keeps what was given
     assert flow["wire_bytes"] < runs["fp16"][0]["wire_bytes"]  # dense first epoch, then sparse
 
 

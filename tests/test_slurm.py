@@ -286,7 +286,7 @@ def test_sbatch_wrap_workbench_train_runs_its_ranks_with_srun(slurm_env, tmp_pat
     assert any(line.split()[:1] == ["run"] for line in runs.stdout.splitlines()), runs.stdout
 
 
-SRUN = ["--launcher", "srun", "--srun-args=--mpi=pmi2 --overcommit"]
+SRUN = ["--launcher", "slurm", "--srun-args=--mpi=pmi2 --overcommit"]
 
 
 def test_cli_fail_rank_under_srun_names_the_rank_with_its_traceback(slurm_env, tmp_path):

@@ -136,9 +136,10 @@ def test_srun_report_names_the_first_task_when_no_guard_recorded(tmp_path):
 
 @pytest.mark.parametrize("argv,message", [
     (["--srun-args=--mpi=pmi2"], "--srun-args: only with srun, and the ranks start with mpiexec "
-                                 "(SLURM_JOB_ID is not set); add --launcher srun"),
-    (["--launcher", "srun"], "--launcher: srun not found on PATH"),
-    (["--launcher", "pbs"], "argument --launcher: invalid choice: 'pbs' (choose from 'mpiexec', 'srun')"),
+                                 "(SLURM_JOB_ID is not set); add --launcher slurm"),
+    (["--launcher", "slurm"], "--launcher: srun not found on PATH"),
+    (["--launcher", "srun"], "--launcher: srun not found on PATH"),  # the deprecated word, one release
+    (["--launcher", "pbs"], "argument --launcher: must be one of mpi, slurm; got 'pbs'"),
     (["--srun-args=--mpi='pmi2"], "argument --srun-args: cannot split"),
 ])
 def test_cli_launcher_options_are_checked_before_anything_launches(argv, message, capsys, monkeypatch, tmp_path):

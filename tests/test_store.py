@@ -207,7 +207,7 @@ def test_runs_lists_newest_first_with_filters_and_typed_columns(store):
     assert frame["run_id"].tolist() == ["new", "broken", "old"]
     assert frame.columns.tolist()[:len(RUN_COLUMNS)] == RUN_COLUMNS
     assert {"lr", "rho", "tau", "momentum", "batch_size", "epochs", "seed", "model", "dataset", "collective",
-            "single_buffer", "cfg_algorithm", "cfg_ranks"} <= set(frame.columns)
+            "fusion_bytes", "cfg_algorithm", "cfg_ranks"} <= set(frame.columns)
     assert pd.api.types.is_datetime64_any_dtype(frame["created"]) and frame["created"].is_monotonic_decreasing
     assert str(frame["ranks"].dtype) == "Int64" and str(frame["steps"].dtype) == "Int64"
     assert frame["final_test_accuracy"].dtype == "float64" and frame["lr"].dtype == "float64"

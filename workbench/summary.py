@@ -32,6 +32,8 @@ class Summary(TypedDict, total=False):
     workers: int                     # ranks that train: all, or all but the master
     cancelled: bool                  # stopped early by ``cancel()``
     config: dict[str, Any]           # the RunConfig as a dict
+    hyper: dict[str, float]          # lr, momentum and rho as the run used them (RunConfig.hyper)
+    communication: dict[str, Any]    # the gradient-communication options as the run used them
     final_test_accuracy: float       # of the final weights (center / master's weights / model)
     final_test_loss: float
     final_loss: float | None         # mean train loss of the last ``workers * 5`` steps
@@ -142,6 +144,8 @@ def build_summary(cfg: "RunConfig", reports: list[RankReport], final_eval: dict,
         "algorithm": cfg.algorithm, "ranks": cfg.ranks, "workers": cfg.workers,
         "cancelled": any(r["cancelled"] for r in reports),
         "config": cfg.to_dict(),
+        "hyper": cfg.hyper._asdict(),  # lr, momentum, rho as the run used them (config keeps None for defaults)
+        "communication": cfg.communication_options.to_dict(),  # the preset merged with the options given
         "final_test_accuracy": final_eval["test_accuracy"],
         "final_test_loss": final_eval["test_loss"],
         "final_loss": sum(m["loss"] for m in last_steps) / len(last_steps) if last_steps else None,

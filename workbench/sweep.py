@@ -30,25 +30,15 @@ from typing import Any, Callable
 
 import pandas as pd
 
-from .config import DEFAULTS, ConfigError, RunConfig, without_ignored
+from .config import ConfigError, RunConfig, without_ignored
 from .results import RunResult
 
-DERIVED = ("lr", "momentum", "rho")
-
-
 def _base_values(base: RunConfig | dict) -> dict[str, Any]:
+    """The base's fields as given (a RunConfig keeps ``lr=None`` etc.: each point derives its own)."""
     if isinstance(base, dict):
         RunConfig(**base)  # validate now
         return dict(base)
-    values = base.to_dict()
-    defaults = DEFAULTS[base.algorithm]
-    for name in ("lr", "momentum"):
-        if values[name] == defaults[name]:
-            values[name] = None
-    if values["lr"] is None and values["rho"] == RunConfig(algorithm=base.algorithm, ranks=base.ranks,
-                                                           model=base.model, dataset=base.dataset).rho:
-        values["rho"] = None
-    return values
+    return base.to_dict()
 
 
 class Sweep:

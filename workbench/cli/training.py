@@ -1,28 +1,22 @@
 """``workbench train`` and ``workbench compare``: training under mpiexec (or srun inside a Slurm
 allocation, ``--launcher``), every run recorded.
 
-Options default to :class:`~workbench.config.RunConfig`'s defaults (one place says what they are);
-``--lr``, ``--rho`` and ``--momentum`` default to the algorithm's own (``config.DEFAULTS``).
+Every training flag is a RunConfig option's declaration (:func:`workbench.config.options`): its
+flag, type, help and default are said there once; an option not given takes RunConfig's default
+(``--lr``, ``--rho`` and ``--momentum``: the algorithm's own, :attr:`RunConfig.hyper`).
 """
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 
-from ..comm.names import algorithm_names
-from ..comm.options import PRESETS, WIRE_DTYPES
-from ..config import RunConfig, without_ignored
+from ..config import RunConfig, options, without_ignored
 from ..optim.registry import ALGORITHMS
 from ..runtime.launch.blame import MPILaunchError
 from ..runtime.launch.mpiexec import LAUNCHER_NAMES
 from ..summary import PRINTED_KEYS
 from .common import interrupt_code, open_store, percent, positive_int, positive_seconds, say
 from .recording import recorded_train
-
-#: RunConfig's field defaults: what an option not given means
-DEFAULT = {f.name: f.default for f in dataclasses.fields(RunConfig)}
-
 
 def fusion_bytes(text: str) -> int | None:
     """``--fusion-bytes``: ``inf`` (one message per step), ``0``, or a size (``4096``, ``64K``)."""
@@ -59,7 +53,7 @@ def launcher_of(args) -> tuple[str, list[str], dict]:
         raise ConfigError("--ppn: ranks per node of a virtual cluster; give --vcluster NAME too")
     if args.vcluster:
         if args.launcher == "srun":
-            raise ConfigError("--launcher: a --vcluster run starts its ranks with mpiexec across the nodes; for srun, "
+            raise ConfigError("--launcher slurm: a --vcluster run starts its ranks with mpiexec across the nodes; for srun, "
                               "submit with the cluster's Slurm (`eval $(workbench vcluster env NAME)`, then sbatch)")
         from ..vcluster import PlanError, VirtualCluster, VirtualClusterError
         try:
@@ -72,7 +66,7 @@ def launcher_of(args) -> tuple[str, list[str], dict]:
     launcher = args.launcher or default_launcher()
     if args.srun_args and launcher != "srun":
         raise ConfigError(f"--srun-args: only with srun, and the ranks start with {launcher}"
-                          + ("" if args.launcher else " (SLURM_JOB_ID is not set)") + "; add --launcher srun")
+                          + ("" if args.launcher else " (SLURM_JOB_ID is not set)") + "; add --launcher slurm")
     if launcher == "srun":
         try:
             slurm.find_srun()
@@ -101,61 +95,41 @@ def add_to(sub) -> None:
 
 
 def _training_options(p: argparse.ArgumentParser) -> None:
-    """Options shared by train and compare; defaults from RunConfig. A wrong value is caught by
-    RunConfig's own validation, so every check and its message live there."""
-    p.add_argument("--ranks", type=int, default=DEFAULT["ranks"], help=f"MPI ranks (default {DEFAULT['ranks']})")
-    p.add_argument("--model", default=DEFAULT["model"], help=f"mlp, wide_mlp, cnn, or module:function "
-                                                             f"(default {DEFAULT['model']})")
-    p.add_argument("--dataset", default=DEFAULT["dataset"], help=f"digits, synthetic, or a .npz path "
-                                                                 f"(default {DEFAULT['dataset']})")
-    p.add_argument("--epochs", type=int, default=DEFAULT["epochs"], help=f"(default {DEFAULT['epochs']})")
-    p.add_argument("--seed", type=int, default=DEFAULT["seed"], help=f"(default {DEFAULT['seed']})")
-    p.add_argument("--lr", type=float, help="learning rate (default: the algorithm's)")
-    p.add_argument("--rho", type=float, help="elastic coefficient (default: p*lr*rho = 0.9)")
-    p.add_argument("--tau", type=int, default=DEFAULT["tau"],
-                   help=f"communication period in steps (default {DEFAULT['tau']})")
-    p.add_argument("--momentum", type=float, help="momentum (default: the algorithm's)")
-    p.add_argument("--batch-size", type=int, default=DEFAULT["batch_size"], help=f"(default {DEFAULT['batch_size']})")
-    p.add_argument("--collective", default=DEFAULT["collective"],
-                   help=f"all-reduce algorithm of the synchronous algorithms (default {DEFAULT['collective']}): "
-                        f"{', '.join(algorithm_names())}")
-    p.add_argument("--per-layer", action="store_true", help="one message per layer instead of one flat buffer "
-                                                            "(= --fusion-bytes 0)")
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=DEFAULT["overlap"],
-                   help="overlap communication with compute: sync-sgd issues gradient buckets from the backward "
-                        "hooks; the EASGD family exchanges weights while the gradient is computed (default on)")
-    g = p.add_argument_group("gradient communication (sync-sgd; --fusion-bytes also sync-easgd)")
-    g.add_argument("--communication", metavar="PRESET",
-                   help=f"a preset of the options below: {', '.join(PRESETS)}")
-    g.add_argument("--fusion-bytes", type=fusion_bytes, default=DEFAULT["fusion_bytes"], metavar="N",
-                   help="bucket threshold in bytes (4096, 64K, 1M; 0 = one message per tensor; "
-                        "inf = one message per step, the default)")
-    g.add_argument("--wire-dtype", default=DEFAULT["wire_dtype"], metavar="DTYPE",
-                   help=f"dtype of the gradients on the wire: {', '.join(WIRE_DTYPES)} (default fp32)")
-    g.add_argument("--sparse-ratio", type=float, metavar="R",
-                   help="coarse-grained sparse communication: share of chunks sent, in (0, 1] (CSC on when given)")
-    g.add_argument("--sparse-chunk", type=int, default=DEFAULT["sparse_chunk"], metavar="C",
-                   help=f"CSC chunk size in elements (default {DEFAULT['sparse_chunk']})")
-    g.add_argument("--warmup-epochs", type=int, default=DEFAULT["warmup_epochs"], metavar="W",
-                   help="CSC: dense first, the ratio falling to R over W epochs (default 0)")
-    g.add_argument("--no-residual", action="store_true", help="CSC: drop what was not sent (ablation)")
-    g.add_argument("--no-momentum-correction", action="store_true",
-                   help="CSC: apply momentum after the exchange instead of before the selection (ablation)")
-    p.add_argument("--eval-every", type=int, default=DEFAULT["eval_every"],
-                   help=f"evaluate every N steps (master: arrivals; default {DEFAULT['eval_every']})")
-    p.add_argument("--checkpoint-every", type=int, default=DEFAULT["checkpoint_every"],
-                   help="checkpoint every N steps (0: never, the default)")
-    p.add_argument("--no-telemetry", action="store_true")
-    p.add_argument("--fail-rank", type=int, help="debug: make this rank raise at --fail-step")
-    p.add_argument("--fail-step", type=int, help="debug: the step at which --fail-rank raises")
+    """Options shared by train and compare: one flag per declared RunConfig option
+    (:func:`workbench.config.options`), then the launch options. An option not given is left out,
+    so RunConfig's own default applies; a wrong value is caught by RunConfig's validation."""
+    groups = {"training": p}
+    for name, declared in options().items():
+        if declared.flag is None:
+            continue
+        if declared.group not in groups:
+            groups[declared.group] = p.add_argument_group(declared.group)
+        _add_option(groups[declared.group], name, declared)
+    p.add_argument("--per-layer", action="store_true", help=argparse.SUPPRESS)  # deprecated: --fusion-bytes 0
+    _launch_options(p)
+
+
+def _add_option(group, name: str, declared) -> None:
+    """One RunConfig option as a flag: a bool as ``--x/--no-x``, the others with their declared type."""
+    if isinstance(declared.default, bool):
+        group.add_argument(declared.flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                           help=f"{declared.help} (default {'on' if declared.default else 'off'})")
+        return
+    default = "" if declared.default is None else f" (default {declared.default})"
+    group.add_argument(declared.flag, dest=name, default=argparse.SUPPRESS, help=declared.help + default,
+                       **{"type": _TYPES.get(name, str), **declared.cli})
+
+
+def _launch_options(p: argparse.ArgumentParser) -> None:
+    """How and where the ranks start (not part of the run's configuration)."""
     p.add_argument("--timeout", type=positive_seconds, default=1800,
                    help="seconds before the job is killed (finite, > 0; default 1800)")
-    p.add_argument("--launcher", choices=LAUNCHER_NAMES,
-                   help="how the ranks start: srun (a job step of the current Slurm allocation) or mpiexec "
-                        "(default: srun when SLURM_JOB_ID is set, e.g. under salloc or in an sbatch script; "
-                        "else mpiexec)")
+    p.add_argument("--launcher", type=_launcher, metavar="{mpi,slurm}",
+                   help="how the ranks start, the words of wb.Cluster(engines=...): slurm (srun: a job step of the "
+                        "current Slurm allocation) or mpi (mpiexec); default: slurm when SLURM_JOB_ID is set, e.g. "
+                        "under salloc or in an sbatch script, else mpi")
     p.add_argument("--srun-args", metavar="ARGS", type=srun_arguments, default=[],
-                   help="extra srun arguments, one string: --srun-args='--mpi=pmi2' (with srun only)")
+                   help="extra srun arguments, one string: --srun-args='--mpi=pmi2' (with --launcher slurm only)")
     p.add_argument("--vcluster", metavar="NAME", help="run the ranks on the nodes of a virtual cluster "
                                                       "(`workbench vcluster up NAME`); the run directory must be one "
                                                       "its nodes see")
@@ -165,8 +139,33 @@ def _training_options(p: argparse.ArgumentParser) -> None:
                                                    "data/workbench.sqlite)")
 
 
-_OPTION = {"tau": "--tau", "rho": "--rho", "collective": "--collective", "momentum": "--momentum",
-           "fusion_bytes": "--fusion-bytes", "wire_dtype": "--wire-dtype", "sparse_ratio": "--sparse-ratio"}
+#: ``--launcher`` words (wb.Cluster's ``engines=``) -> the program that starts the ranks
+LAUNCHERS = {"mpi": "mpiexec", "slurm": "srun"}
+
+
+def _launcher(text: str) -> str:
+    """``--launcher``: ``mpi`` or ``slurm``; the program names ``mpiexec``/``srun`` still work for one
+    release, with a warning."""
+    if text in LAUNCHERS:
+        return LAUNCHERS[text]
+    if text in LAUNCHER_NAMES:
+        word = next(k for k, v in LAUNCHERS.items() if v == text)
+        print(f"workbench: warning: --launcher {text} is deprecated; say --launcher {word}", file=sys.stderr)
+        return text
+    raise argparse.ArgumentTypeError(f"must be one of {', '.join(LAUNCHERS)}; got {text!r}")
+
+
+#: argparse types of options whose text is not their value's Python spelling
+_TYPES = {"fusion_bytes": fusion_bytes}
+
+
+def flag_of(message: str) -> str:
+    """A RunConfig error said with the command's flags: ``wire_dtype must be ...`` -> ``--wire-dtype must be ...``."""
+    for name, declared in options().items():
+        if declared.flag and (message.startswith(name + " ") or message.startswith(name + ":")
+                              or message.startswith(name + "=")):
+            return declared.flag + message[len(name):]
+    return message
 
 
 def _config(args: argparse.Namespace, algorithm: str, shared: bool = False):
@@ -174,19 +173,18 @@ def _config(args: argparse.Namespace, algorithm: str, shared: bool = False):
     (``--collective`` on a master-based one, ``--tau``/``--rho`` on an SGD baseline) is an error,
     unless ``shared`` (compare: the options serve several algorithms): then it is left out for this
     algorithm with a note on stderr."""
-    values = {"algorithm": algorithm, "single_buffer": not args.per_layer, "overlap": args.overlap,
-              "telemetry": not args.no_telemetry, "communication": args.communication,
-              "fusion_bytes": args.fusion_bytes, "wire_dtype": args.wire_dtype, "sparse_ratio": args.sparse_ratio,
-              "sparse_chunk": args.sparse_chunk, "warmup_epochs": args.warmup_epochs,
-              "residual": not args.no_residual, "momentum_correction": not args.no_momentum_correction,
-              **{name: getattr(args, name) for name in ("ranks", "model", "dataset", "epochs", "seed", "lr", "rho",
-                                                        "tau", "momentum", "batch_size", "collective", "eval_every",
-                                                        "checkpoint_every", "fail_rank", "fail_step")}}
+    values = {"algorithm": algorithm, **{name: getattr(args, name) for name in options() if hasattr(args, name)}}
+    if args.per_layer:
+        from ..config import ConfigError
+        if values.get("fusion_bytes", 0) != 0:
+            raise ConfigError(f"--per-layer is --fusion-bytes 0 (one message per tensor); it contradicts "
+                              f"--fusion-bytes {values['fusion_bytes']}: give one of them")
+        values["fusion_bytes"] = 0
     if shared:
         values, dropped = without_ignored(values)
         if dropped:
-            print(f"workbench {args.command}: note: {algorithm} ignores {', '.join(_OPTION[n] for n in dropped)}; "
-                  f"run without it", file=sys.stderr)
+            print(f"workbench {args.command}: note: {algorithm} ignores "
+                  f"{', '.join(options()[n].flag for n in dropped)}; run without it", file=sys.stderr)
     return RunConfig(**values)
 
 
@@ -195,12 +193,14 @@ def _configs_and_store(args, names: list[str], command: str):
     Returns ``(configs, store, (launcher, srun_args, placement))``, or the exit code after printing why not."""
     from ..config import ConfigError
     try:
+        if args.per_layer:
+            print(f"workbench {command}: warning: --per-layer is deprecated; say --fusion-bytes 0", file=sys.stderr)
         configs = [_config(args, name, shared=command == "compare") for name in names]
         args.configs = configs
         launch = launcher_of(args)
         _check_paths(args, configs, launch[2].get("vcluster"))
     except ConfigError as exc:
-        print(f"workbench {command}: error: {exc}", file=sys.stderr)
+        print(f"workbench {command}: error: {flag_of(str(exc))}", file=sys.stderr)
         return 2
     store = open_store(args, command)
     return 1 if store is None else (configs, store, launch)

@@ -61,7 +61,7 @@ class Dashboard(RunObserver):
         self.loss = go.FigureWidget(layout=loss_layout())
         self.shares = go.FigureWidget(layout=share_layout(self.ranks))
         # the algorithms that reduce gradients in nonblocking buckets get rows for what is in flight
-        buckets = self.algorithm in ALGORITHMS and ALGORITHMS[self.algorithm].uses("wire_dtype")
+        buckets = self.algorithm in ALGORITHMS and ALGORITHMS[self.algorithm].reduces_gradients
         self.timeline = go.FigureWidget(layout=timeline_layout(self.ranks, [0, window_seconds * 1e3],
                                                                in_flight=buckets))
         self.status = w.HTML()

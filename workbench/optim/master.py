@@ -12,7 +12,7 @@ algorithm runs):
   (the races are real).
 
 Messages are buffer-based (numpy views of flat float32 tensors): one per exchange, or one per
-layer with ``single_buffer=False``. EASGD workers overlap the exchange with the gradient
+tensor with ``fusion_bytes=0``. EASGD workers overlap the exchange with the gradient
 computation (``overlap=True``), as in the paper, except in the original round-robin scheme
 (:class:`RoundRobinElasticWorker`).
 """
@@ -37,7 +37,7 @@ class _Messages:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.single = ctx.cfg.single_buffer
+        self.single = ctx.cfg.communication_options.fusion_bytes != 0  # 0: one message per tensor
 
     def parts(self, t: torch.Tensor) -> list:
         return [t.numpy()] if self.single else [s.numpy() for s in self.ctx.flat.segments(t)]
@@ -101,17 +101,17 @@ class ElasticWorker:
                 with ctx.span("update", "compute"):
                     if self.momentum:
                         new_x, self.velocity = rules.momentum_elastic_worker(
-                            x, self.velocity, g, self.center, cfg.lr, cfg.rho, cfg.momentum)
+                            x, self.velocity, g, self.center, cfg.hyper.lr, cfg.hyper.rho, cfg.hyper.momentum)
                     else:
-                        new_x = rules.elastic_worker(x, g, self.center, cfg.lr, cfg.rho)
+                        new_x = rules.elastic_worker(x, g, self.center, cfg.hyper.lr, cfg.hyper.rho)
                     x.copy_(new_x)
             else:
                 ctx.gradient(step)
                 with ctx.span("update", "compute"):
                     if self.momentum:
-                        new_x, self.velocity = rules.momentum_sgd(x, self.velocity, g, cfg.lr, cfg.momentum)
+                        new_x, self.velocity = rules.momentum_sgd(x, self.velocity, g, cfg.hyper.lr, cfg.hyper.momentum)
                     else:
-                        new_x = rules.sgd(x, g, cfg.lr)
+                        new_x = rules.sgd(x, g, cfg.hyper.lr)
                     x.copy_(new_x)
         ctx.comm.Send(b"", dest=0, tag=TAG_DONE)
         return x
@@ -150,7 +150,7 @@ class GradientWorker:
                 pushed.zero_()
             else:
                 with ctx.span("update", "compute"):
-                    x.copy_(rules.sgd(x, g, cfg.lr))  # local progress between pushes
+                    x.copy_(rules.sgd(x, g, cfg.hyper.lr))  # local progress between pushes
         ctx.comm.Send(b"", dest=0, tag=TAG_DONE)
         return x
 
@@ -207,13 +207,13 @@ class Master:
         cfg = self.ctx.cfg
         if self.elastic:  # the worker gets the center as it was before its own contribution
             reply.copy_(self.state)
-            self.state.copy_(rules.elastic_center(self.state, payload, cfg.lr, cfg.rho))
+            self.state.copy_(rules.elastic_center(self.state, payload, cfg.hyper.lr, cfg.hyper.rho))
         else:
-            if cfg.momentum:
-                new, velocity = rules.momentum_sgd(self.state, self.velocity, payload, cfg.lr, cfg.momentum)
+            if cfg.hyper.momentum:
+                new, velocity = rules.momentum_sgd(self.state, self.velocity, payload, cfg.hyper.lr, cfg.hyper.momentum)
                 self.velocity.copy_(velocity)
             else:
-                new = rules.sgd(self.state, payload, cfg.lr)
+                new = rules.sgd(self.state, payload, cfg.hyper.lr)
             self.state.copy_(new)
             reply.copy_(self.state)
 

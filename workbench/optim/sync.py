@@ -117,7 +117,7 @@ class SyncSGD(SyncAlgorithm):
         cfg = ctx.cfg
         self.options = cfg.communication_options
         self.reducer = GradientReducer(ctx.flat.params, ctx.flat.bounds, ctx.flat.grad, ctx.comm, cfg.collective,
-                                       self.options, momentum=cfg.momentum, timeout=cfg.comm_timeout)
+                                       self.options, momentum=cfg.hyper.momentum, timeout=cfg.comm_timeout)
 
     def final_weights(self) -> torch.Tensor:
         return self.ctx.flat.data
@@ -150,8 +150,8 @@ class SyncSGD(SyncAlgorithm):
             return
         with ctx.span("update", "compute"):
             grad = ctx.flat.grad / ctx.size
-            momentum = 0.0 if reducer.momentum_in_communication else cfg.momentum
-            x, self.velocity = rules.momentum_sgd(ctx.flat.data, self.velocity, grad, cfg.lr, momentum)
+            momentum = 0.0 if reducer.momentum_in_communication else cfg.hyper.momentum
+            x, self.velocity = rules.momentum_sgd(ctx.flat.data, self.velocity, grad, cfg.hyper.lr, momentum)
             ctx.flat.data.copy_(x)
 
 
@@ -165,7 +165,7 @@ class SyncEASGD(SyncAlgorithm):
         if step % cfg.tau:  # a local step between elastic exchanges
             ctx.gradient(step)
             with ctx.span("update", "compute"):
-                x.copy_(rules.sgd(x, ctx.flat.grad, cfg.lr))
+                x.copy_(rules.sgd(x, ctx.flat.grad, cfg.hyper.lr))
             return
         x_sum = x.clone()  # pre-step weights, summed while the gradient is computed
         if cfg.overlap:
@@ -178,6 +178,6 @@ class SyncEASGD(SyncAlgorithm):
             ctx.gradient(step)
         with ctx.span("update", "compute"):
             p = ctx.size
-            new_x = rules.elastic_worker(x, ctx.flat.grad, self.center, cfg.lr, cfg.rho)
-            self.center = rules.elastic_center_sync(self.center, x_sum / p, cfg.lr, cfg.rho, p)
+            new_x = rules.elastic_worker(x, ctx.flat.grad, self.center, cfg.hyper.lr, cfg.hyper.rho)
+            self.center = rules.elastic_center_sync(self.center, x_sum / p, cfg.hyper.lr, cfg.hyper.rho, p)
             x.copy_(new_x)

@@ -132,12 +132,12 @@ class Context:
             X, y = self.batches.batch(step)
         with self.span("forward_backward", "compute", step=step):
             self.flat.zero_grad()
-            loss = F.cross_entropy(self.model(X), y)
+            loss = F.cross_entropy(self.model(X), y, label_smoothing=cfg.label_smoothing)
             loss.backward()
         value = loss.item()
         if not math.isfinite(value):
             raise TrainingError(f"loss is {value} on rank {self.rank} at step {step}: training "
-                                f"diverged; lower lr (now {cfg.lr:g}) or rho (now {cfg.rho:g})")
+                                f"diverged; lower lr (now {cfg.hyper.lr:g}) or rho (now {cfg.hyper.rho:g})")
         self.add_metric({"kind": "train", "rank": self.rank, "step": step, "t": self.now(), "loss": value})
         return value
 
