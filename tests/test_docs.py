@@ -58,3 +58,18 @@ def test_the_pages_link_to_files_that_exist():
         for target in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
             if "://" not in target:
                 assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
+
+
+def test_every_benchmark_records_the_machine_and_its_load():
+    """Each script under benchmarks/ that writes JSON records ``machine`` and ``load_average`` through the
+    one helper, :mod:`workbench.bench.machine` (read statically: the scripts take minutes to run)."""
+    from workbench.bench.machine import Load, describe
+    assert set(describe()) == {"host", "cpus", "system", "python"}
+    assert set(Load().done()) == {"before", "after"}
+    scripts = [p for p in sorted((ROOT / "benchmarks").glob("*.py")) if "json.dump" in p.read_text()]
+    assert scripts
+    needed = ("workbench.bench.machine", "describe()", "Load()", "load_average")
+    missing = [p.name for p in scripts if not all(s in p.read_text() for s in needed)]
+    assert not missing, f"record machine=describe() and load_average=Load().done() in {missing}"
+    # `workbench bench allreduce --json` (make bench) writes its JSON from the package
+    assert "describe()" in (ROOT / "workbench" / "bench" / "allreduce.py").read_text()
