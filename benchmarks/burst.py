@@ -35,6 +35,8 @@ import statistics
 import time
 from pathlib import Path
 
+from workbench.bench.machine import Load, describe
+
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("vgg16", "wrn101_2", "inception_v3")
 LIMITS = (1.5, 2.0, 2.5, math.inf)
@@ -113,7 +115,7 @@ def main() -> None:
     from workbench.burst.multiplex import background_step_ms, simulate
     from workbench.burst.planner import plan
 
-    started, load_before = time.time(), os.getloadavg()
+    started, load = time.time(), Load()
     models = [m for m in args.models.split(",") if m]
     batches = [int(b) for b in args.batches.split(",")]
     gpus_list = [int(g) for g in args.gpus.split(",")]
@@ -206,7 +208,7 @@ def main() -> None:
     print(f"planning WRN-101-2, B=32, 64 GPUs, A=2: workbench {timing['workbench'] * 1e3:.1f} ms, deeppool "
           f"{timing['deeppool'] * 1e3:.1f} ms (median of 5)")
     report = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)), "args": vars(args),
-              "load_average": {"before": load_before, "after": os.getloadavg()}, "seconds": time.time() - started,
+              "machine": describe(), "load_average": load.done(), "seconds": time.time() - started,
               "planning_seconds_wrn_64": timing, "plans": rows, "multiplexing": mux, "executed": runs}
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)

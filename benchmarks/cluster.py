@@ -25,6 +25,7 @@ from pathlib import Path
 from tabulate import tabulate
 
 import workbench as wb
+from workbench.bench.machine import Load, describe
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -42,7 +43,7 @@ def main() -> None:
     parser.add_argument("--json", help="where the JSON goes (default benchmarks/results/cluster_<ranks>ranks.json)")
     args = parser.parse_args()
     args.json = args.json or RESULTS / f"cluster_{args.ranks}ranks.json"
-    load_before = os.getloadavg()  # this machine is shared: the numbers move with its load
+    load = Load()  # this machine is shared: the numbers move with its load
     starts, stops = [], []
     for _ in range(args.repeats):
         t = time.perf_counter()
@@ -67,7 +68,7 @@ def main() -> None:
                 per_step[dashboard].append(result.summary["wall_seconds"] / result.summary["steps_per_worker"])
                 latencies[dashboard].extend(run.latencies)
     on, off = statistics.median(per_step[True]), statistics.median(per_step[False])
-    print(f"cluster: {args.ranks} engines, {args.repeats} repeats (load average {load_before[0]:.1f} before, "
+    print(f"cluster: {args.ranks} engines, {args.repeats} repeats (load average {load.before[0]:.1f} before, "
           f"{os.getloadavg()[0]:.1f} after, {os.cpu_count()} cores)\n")
     print(tabulate([["start (s)", f"{statistics.median(starts):.2f}", f"{min(starts):.2f}", f"{max(starts):.2f}"],
                     ["stop (s)", f"{statistics.median(stops):.2f}", f"{min(stops):.2f}", f"{max(stops):.2f}"]],
@@ -84,7 +85,7 @@ def main() -> None:
                     ["difference", f"{100 * (on - off) / off:+.1f}%"]], headers=["sync-easgd mlp", "ms/step (median)"]))
     Path(args.json).write_text(json.dumps({
         "ranks": args.ranks, "repeats": args.repeats, "epochs": args.epochs, "cpus": os.cpu_count(),
-        "load_average": {"before": load_before, "after": os.getloadavg()}, "start_s": starts, "stop_s": stops,
+        "machine": describe(), "load_average": load.done(), "start_s": starts, "stop_s": stops,
         "s_per_step": {"dashboard": per_step[True], "no_dashboard": per_step[False]},
         "dashboard_overhead": (on - off) / off,
         "batch_latency_s": {"dashboard": _quantiles(latencies[True]), "no_dashboard": _quantiles(latencies[False])},

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from workbench.bench.machine import Load, describe
 from workbench.config import RunConfig
 from workbench.runtime.launch.batch import train
 
@@ -39,7 +40,7 @@ def main() -> None:
     parser.add_argument("--json", help="where the JSON goes (default benchmarks/results/codesign_<ranks>ranks.json)")
     args = parser.parse_args()
     args.json = args.json or RESULTS / f"codesign_{args.ranks}ranks.json"
-    rows, records = [], []
+    rows, records, load = [], [], Load()
     with tempfile.TemporaryDirectory() as tmp:
         for i, (label, changes) in enumerate(VARIANTS):
             cfg = RunConfig(ranks=args.ranks, model=args.model, epochs=args.epochs, batch_size=32, **changes)
@@ -58,7 +59,9 @@ def main() -> None:
     print(f"\nco-design, {args.model} ({args.ranks} ranks, {args.epochs} epochs, batch 32, digits)")
     print(tabulate(rows, headers=["variant", "s/epoch", "speed-up vs first", "comm share (workers)",
                                   "comm share (all ranks)", "test acc", "MB sent"]))
-    Path(args.json).write_text(json.dumps(records, indent=1))
+    Path(args.json).write_text(json.dumps({"ranks": args.ranks, "model": args.model, "epochs": args.epochs,
+                                           "machine": describe(), "load_average": load.done(), "variants": records},
+                                          indent=1))
     print(f"wrote {args.json}")
 
 

@@ -23,11 +23,13 @@ def worker(args) -> None:
     from mpi4py import MPI
     from tabulate import tabulate
 
+    from workbench.bench.machine import Load, describe
     from workbench.config import RunConfig
     from workbench.optim.sync import SyncSGD
     from workbench.runtime.rank.context import Context
 
     torch.set_num_threads(1)
+    load = Load()
     comm = MPI.COMM_WORLD
     cfg = RunConfig(algorithm="sync-sgd", ranks=comm.Get_size(), model=args.model, batch_size=32,
                     epochs=50, collective=args.collective, telemetry=False)
@@ -74,7 +76,8 @@ def worker(args) -> None:
         out = Path(args.json or RESULTS / f"ddp_peer_{comm.Get_size()}ranks.json")
         out.write_text(json.dumps({"model": args.model, "parameters": params, "ranks": comm.Get_size(),
                                    "collective": args.collective, "steps": args.steps, "ours_s": t_ours,
-                                   "ddp_s": t_ddp, "ratio": t_ours / t_ddp}, indent=1))
+                                   "ddp_s": t_ddp, "ratio": t_ours / t_ddp, "machine": describe(),
+                                   "load_average": load.done()}, indent=1))
         print(f"wrote {out}")
 
 

@@ -60,6 +60,8 @@ from pathlib import Path
 
 from ddp_peer import RESULTS  # benchmarks/ is sys.path[0] here and under mpiexec (python -m mpi4py)
 
+from workbench.bench.machine import Load, describe
+
 #: workbench sync-sgd rows: (key, RunConfig changes on top of dense fp32, one message per step, no
 #: overlap). RunConfig's own default is overlap=True, so every row says overlap explicitly.
 WORKBENCH = [
@@ -395,7 +397,7 @@ def main() -> None:
 
     from workbench.sizes import format_bytes
 
-    load_before = os.getloadavg()
+    load = Load()
     started = time.time()
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="gradient-comm-") as tmp:
@@ -411,7 +413,7 @@ def main() -> None:
                 tta = "-" if r["time_to_target"] is None else f"{r['time_to_target']:.2f} s"
                 print(f"seed {seed} {key}: {1e3 * r['step_s']:.2f} ms/step, {format_bytes(r['wire_bytes_per_step'])}"
                       f"/step, accuracy {r['final_test_accuracy']:.3f}, to {args.target:g}: {tta}", flush=True)
-    load_after = os.getloadavg()
+    load_average = load.done()
     summary = [aggregate([r for r in runs if r["key"] == key]) for _, key, _ in rows]
     by_key = {s["key"]: s for s in summary}
     ref = by_key.get("ddp")
@@ -440,7 +442,8 @@ def main() -> None:
             tta_cell(s)])
     print(f"\ngradient communication: {args.model} ({params:,} parameters), {args.ranks} ranks, batch "
           f"{args.batch_size} per rank, {args.epochs} epochs, seeds {args.seeds}, collective {args.collective}; "
-          f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after ({os.cpu_count()} cores)")
+          f"load average {load_average['before'][0]:.1f} before, {load_average['after'][0]:.1f} after "
+          f"({os.cpu_count()} cores)")
     print(tabulate(table, headers=["", "ms/step (median)", "vs dense", "bytes/step/rank", "after warm-up",
                                    "vs DDP", "messages/step", "test acc mean (min-max)", f"s to {args.target:g}"]))
     failed = [f"{s['key']} ({s['failed_attempts']})" for s in summary if s["failed_attempts"]]
@@ -459,7 +462,7 @@ def main() -> None:
         "target": args.target, "warmup_epochs": WARMUP_EPOCHS, "torch": torch.__version__,
         "cpus": os.cpu_count(), "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
         "total_seconds": time.time() - started,
-        "load_average": {"before": load_before, "after": load_after},
+        "machine": describe(), "load_average": load_average,
         "ddp_bytes": "computed from the ring formula 2(n-1)/n, not measured",
         "summary": summary, "goals": goal_rows, "runs": runs}, indent=1))
     print(f"wrote {out}")

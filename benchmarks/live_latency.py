@@ -35,6 +35,7 @@ from tabulate import tabulate
 
 import workbench as wb
 import workbench.runtime.client.run as run_module
+from workbench.bench.machine import Load, describe
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -84,7 +85,7 @@ def main() -> None:
         return message
 
     runs = []
-    load_before = os.getloadavg()
+    load = Load()
     run_module.verify = observed_verify
     try:
         with tempfile.TemporaryDirectory() as tmp, wb.Cluster(n=args.ranks) as cluster:
@@ -107,7 +108,7 @@ def main() -> None:
     batches = [x for r in runs for x in r["batch_latency_s"]]
     summary = {"record": quantiles(records), "batch": quantiles(batches)}
     print(f"\nrank -> notebook latency, no dashboard: {args.algorithm}, {args.ranks} ranks, {args.epochs} epochs, "
-          f"{args.runs} runs (load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after)\n")
+          f"{args.runs} runs (load average {load.before[0]:.1f} before, {os.getloadavg()[0]:.1f} after)\n")
     print(tabulate([[name, q["count"], *(f"{1e3 * q[k]:.1f}" for k in ("median", "p95", "p99", "max"))]
                     for name, q in (("metric record: recorded -> received", summary["record"]),
                                     ("batch: sent -> received", summary["batch"]))],
@@ -119,7 +120,7 @@ def main() -> None:
     print(tabulate(per_run, headers=["run", "steps", "train s", "record median ms", "record max ms", "batch max ms"]))
     Path(args.json).write_text(json.dumps({
         "algorithm": args.algorithm, "ranks": args.ranks, "epochs": args.epochs, "runs": args.runs,
-        "cpus": os.cpu_count(), "load_average": {"before": load_before, "after": os.getloadavg()},
+        "cpus": os.cpu_count(), "machine": describe(), "load_average": load.done(),
         "summary": summary,
         "per_run": [{**{k: v for k, v in r.items() if not k.endswith("latency_s")},
                      "record": quantiles(r["record_latency_s"]), "batch": quantiles(r["batch_latency_s"])}

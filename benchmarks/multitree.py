@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from workbench.bench.machine import Load, describe
 from workbench.collectives import schedules, simulate, study, topology
 from workbench.netsim.calibration import calibrate
 from workbench.schedules.topology_aware import multitree_trees
@@ -32,6 +33,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="skip the 1024-node build and the flow model")
     args = parser.parse_args()
     args.json = args.json or RESULTS / ("multitree_quick.json" if args.quick else "multitree.json")
+    load = Load()
     out: dict = {"networks": {}}
 
     print("## Tree steps T (all-gather half; the all-reduce has 2T steps)\n")
@@ -126,6 +128,7 @@ def main() -> None:
         print()
         out[f"calibration_{topo.kind}"] = {"link_latency": cal.link_latency, "link_bandwidth": cal.link_bandwidth,
                                            "within_25pct": cal.within(), "table": rows}
+    out.update(machine=describe(), load_average=load.done())
     with open(args.json, "w") as fh:
         json.dump(out, fh, indent=1, default=str)
     print(f"wrote {args.json}")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from workbench.bench.machine import Load, describe
 from workbench.config import RunConfig
 from workbench.optim.registry import ALGORITHMS
 from workbench.runtime.launch.batch import time_to_accuracy, train
@@ -47,6 +48,7 @@ def main() -> None:
     args.json = args.json or RESULTS / f"ordering_{args.ranks}ranks.json"
     seeds = [int(s) for s in args.seeds.split(",")]
     results: dict[str, list[dict]] = {name: [] for name in ALGORITHMS}
+    load = Load()
     with tempfile.TemporaryDirectory() as tmp:
         for seed in seeds:  # seeds outermost: drift on this noisy machine hits every algorithm alike
             for name in ALGORITHMS:
@@ -74,7 +76,8 @@ def main() -> None:
     print(tabulate(rows, headers=["rank", "algorithm", f"s to {args.target:g}", "final acc (median)",
                                   "train wall s (median)"]))
     Path(args.json).write_text(json.dumps({"ranks": args.ranks, "model": args.model, "epochs": args.epochs,
-                                           "target": args.target, "seeds": seeds, "results": results}, indent=1))
+                                           "target": args.target, "seeds": seeds, "machine": describe(),
+                                           "load_average": load.done(), "results": results}, indent=1))
     print(f"wrote {args.json}")
 
 

@@ -209,11 +209,12 @@ def main() -> None:
     from tabulate import tabulate
 
     from workbench.bench.layers import write_profile_csv
+    from workbench.bench.machine import Load, describe
     from workbench.bench.step import profile_step
     from workbench.netsim.calibration import calibrate
     from workbench.netsim.costs import AlphaBeta
 
-    load_before = os.getloadavg()
+    load = Load()
     started = time.time()
     factor = args.ranks / args.cores
     epochs, steps = steps_plan(args)
@@ -266,7 +267,7 @@ def main() -> None:
                     print(f"repeat {repeat} {model} {key}: {r['step_s'] * 1e3:.2f} ms/step ({r['steps_per_worker']} "
                           f"steps; compute {r['compute_per_step_s'] * 1e3:.2f}, wait {r['wait_per_step_s'] * 1e3:.2f} "
                           f"ms/step)", flush=True)
-    load_after = os.getloadavg()
+    load_average = load.done()
 
     # -- tables ---------------------------------------------------------------------------
     table, breakdown, goals = [], [], []
@@ -303,12 +304,13 @@ def main() -> None:
                                       f"step time", "measured": f"predicted/measured {row[f'{PRIMARY}_ratio']:.2f} "
                                       f"({row[f'{PRIMARY}_s'] * 1e3:.2f} vs {measured * 1e3:.2f} ms)",
                               "met": bool(row["within"])})
-    report.update(load_average={"before": load_before, "after": load_after}, total_seconds=time.time() - started,
+    report.update(machine=describe(), load_average=load_average, total_seconds=time.time() - started,
                   goals=goals)
 
     print(f"\npredicted vs measured step time: sync-sgd, {args.ranks} ranks on {args.cores} cores, ring, batch "
           f"{args.batch_size} per rank, {steps} steps per run, median of {args.repeats} run(s); network "
-          f"{network.describe()}; load average {load_before[0]:.1f} before, {load_after[0]:.1f} after")
+          f"{network.describe()}; load average {load_average['before'][0]:.1f} before, "
+          f"{load_average['after'][0]:.1f} after")
     print(tabulate(table, headers=["model", "configuration", "measured ms (range)",
                                    *(f"pred ms {VARIANT_LABELS[v]}" for v in VARIANTS),
                                    *(f"ratio {VARIANT_LABELS[v]}" for v in VARIANTS), f"+-25% ({VARIANT_LABELS[PRIMARY]})"]))

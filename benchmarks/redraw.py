@@ -29,6 +29,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from workbench.bench.machine import Load, describe
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -99,7 +101,7 @@ def main() -> None:
     from workbench.runtime.launch.batch import train
 
     go.FigureWidget()  # one-time imports (anywidget, plotly validators) are not a per-redraw cost
-    load_before = os.getloadavg()
+    load = Load()
     with tempfile.TemporaryDirectory() as tmp:
         train(RunConfig(algorithm="sync-easgd", ranks=args.ranks, epochs=args.epochs), Path(tmp) / "run")
         result = RunResult.from_run_dir(Path(tmp) / "run")
@@ -121,7 +123,7 @@ def main() -> None:
         if fraction < 1.0:
             dash.close()
     print(f"Dashboard.refresh(), sync-easgd digits MLP, {args.ranks} ranks, {args.epochs} epochs; "
-          f"median of {args.redraws} redraws per size (load average {load_before[0]:.1f})\n")
+          f"median of {args.redraws} redraws per size (load average {load.before[0]:.1f})\n")
     print(tabulate(rows, headers=["run so far", "records", "spans", "CPU ms", "of which traces",
                                   "of which widgets", "wall ms"]))
 
@@ -163,7 +165,7 @@ def main() -> None:
     Path(args.json).write_text(json.dumps({
         "algorithm": "sync-easgd", "model": "mlp", "ranks": args.ranks, "epochs": args.epochs,
         "redraws": args.redraws, "cpus": os.cpu_count(),
-        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "machine": describe(), "load_average": load.done(),
         "sizes": sizes, "profile_breakdown": breakdown, "profile_top_own_time": profile,
         "profile_cumulative_text": text.getvalue()}, indent=1))
     print(f"wrote {args.json}")

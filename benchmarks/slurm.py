@@ -24,6 +24,8 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from workbench.bench.machine import Load, describe
+
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +46,7 @@ def main() -> None:
     import workbench as wb
     from workbench.runtime.launch.slurm_local import LocalSlurm
 
-    load_before = os.getloadavg()  # this machine is shared: the numbers move with its load
+    load = Load()  # this machine is shared: the numbers move with its load
     scratch = Path(tempfile.mkdtemp(prefix="wb-slurm-bench-"))
     os.environ.update(WORKBENCH_STATE_DIR=str(scratch / "state"), WORKBENCH_RUNS=str(scratch / "runs"),
                       WORKBENCH_STORE=str(scratch / "store.sqlite"))
@@ -85,11 +87,11 @@ def main() -> None:
             ["workbench train, training wall_seconds", _median(times["train_wall"]["mpiexec"]),
              _median(times["train_wall"]["srun"])]]
     print(f"{args.ranks} ranks, medians of {args.repeats}, {slurm_version}, {os.cpu_count()} cores (load average "
-          f"{load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after); train: {args.algorithm}, {args.epochs} epochs")
+          f"{load.before[0]:.1f} before, {os.getloadavg()[0]:.1f} after); train: {args.algorithm}, {args.epochs} epochs")
     print(tabulate(rows, headers=["", "mpiexec (local)", "Slurm (srun)"], floatfmt=".2f"))
     report = {"ranks": args.ranks, "repeats": args.repeats, "epochs": args.epochs, "algorithm": args.algorithm,
               "slurm": slurm_version, "cores": os.cpu_count(),
-              "load_average": {"before": load_before, "after": os.getloadavg()}, "seconds": times}
+              "machine": describe(), "load_average": load.done(), "seconds": times}
     path = args.json or RESULTS / f"slurm_{args.ranks}ranks.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=1))

@@ -31,6 +31,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from tabulate import tabulate  # noqa: E402
 
+from workbench.bench.machine import Load, describe  # noqa: E402
 from workbench.telemetry import Observer, Telemetry  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -179,7 +180,7 @@ def main() -> None:
         args.spans, args.repeats, args.blocks = args.spans // 10, 3, 10
     args.json = args.json or RESULTS / "span_cost.json"
 
-    load_before = os.getloadavg()
+    load = Load()
     spans = per_span(args.spans, args.repeats)
     print(f"one span, {args.spans:,} per loop, median of {args.repeats} loops (telemetry off = the loop's own cost)\n")
     print(tabulate([[name, f"{v['cpu_ns_per_iteration'] / 1e3:.2f}", f"{v['cpu_ns_per_span'] / 1e3:.2f}",
@@ -193,11 +194,11 @@ def main() -> None:
                      f"{step['wall_paired_difference_s'] * 1e6:+.1f} ({100 * step['wall_difference']:+.1f}%)"]],
                    headers=["", "CPU us/step", "wall us/step"]))
     print(f"{step['spans_per_step']:g} spans per step: {step['cpu_s_per_span'] * 1e6:.2f} CPU us per span "
-          f"(difference / spans); load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after")
+          f"(difference / spans); load average {load.before[0]:.1f} before, {os.getloadavg()[0]:.1f} after")
     Path(args.json).write_text(json.dumps({"spans_per_loop": args.spans, "repeats": args.repeats,
                                            "steps_per_block": args.steps, "block_pairs": args.blocks,
                                            "cpus": os.cpu_count(),
-                                           "load_average": {"before": load_before, "after": os.getloadavg()},
+                                           "machine": describe(), "load_average": load.done(),
                                            "per_span": spans, "per_step": step}, indent=1))
     print(f"wrote {args.json}")
 

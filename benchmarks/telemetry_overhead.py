@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from workbench.bench.machine import Load, describe
 from workbench.config import RunConfig
 from workbench.runtime.launch.batch import train
 
@@ -35,7 +36,7 @@ def main() -> None:
     args = parser.parse_args()
     args.json = args.json or RESULTS / f"telemetry_overhead_{args.model}_{args.algorithm}_{args.ranks}ranks.json"
     per_step = {True: [], False: []}
-    load_before = os.getloadavg()  # this machine is shared: the numbers move with its load
+    load = Load()  # this machine is shared: the numbers move with its load
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             for on in (True, False):
@@ -45,13 +46,13 @@ def main() -> None:
                 per_step[on].append(s["wall_seconds"] / s["steps_per_worker"])
     on, off = statistics.median(per_step[True]), statistics.median(per_step[False])
     print(f"telemetry overhead: {args.algorithm}, {args.model}, {args.ranks} ranks, {args.epochs} epochs, "
-          f"{args.repeats} runs each (load average {load_before[0]:.1f} before, {os.getloadavg()[0]:.1f} after)")
+          f"{args.repeats} runs each (load average {load.before[0]:.1f} before, {os.getloadavg()[0]:.1f} after)")
     print(tabulate([["telemetry on", f"{on * 1e3:.3f}"], ["telemetry off", f"{off * 1e3:.3f}"],
                     ["difference", f"{100 * (on - off) / off:+.1f}%"]], headers=["", "ms/step (median)"]))
     Path(args.json).write_text(json.dumps({
         "algorithm": args.algorithm, "model": args.model, "ranks": args.ranks, "epochs": args.epochs,
         "repeats": args.repeats, "cpus": os.cpu_count(),
-        "load_average": {"before": load_before, "after": os.getloadavg()}, "on_s_per_step": per_step[True], "off_s_per_step": per_step[False],
+        "machine": describe(), "load_average": load.done(), "on_s_per_step": per_step[True], "off_s_per_step": per_step[False],
         "on_median_s": on, "off_median_s": off, "difference": (on - off) / off}, indent=1))
     print(f"wrote {args.json}")
 

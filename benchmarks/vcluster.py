@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,6 +31,8 @@ import time
 from pathlib import Path
 
 from tabulate import tabulate
+
+from workbench.bench.machine import Load, describe
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
@@ -213,8 +213,8 @@ def main() -> None:
     sections = args.sections.split(",")
     scratch = Path(tempfile.mkdtemp(prefix="wb-vcluster-bench-", dir="/var/tmp"))
     previous = json.loads(args.json.read_text()) if args.json.exists() else {}
-    report = {**previous, "host": platform.node(), "cpus": os.cpu_count(), "load_before": os.getloadavg(),
-              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    load = Load()
+    report = {**previous, "machine": describe(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     sizes = [1 * MIB, 8 * MIB, 64 * MIB] if args.quick else [s * MIB for s in (1, 2, 4, 8, 16, 32, 64)]
     if "up" in sections:
         report["up"] = measure_up(2 if args.quick else 3, scratch)
@@ -227,7 +227,7 @@ def main() -> None:
                                         args.repetitions, scratch)
     if "partition" in sections:
         report["partition"] = measure_partition(1 if args.quick else 3, args.partition_wait, scratch)
-    report["load_after"] = os.getloadavg()
+    report["load_average"] = load.done()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1, default=str))
     print(f"\nwrote {args.json}")

@@ -90,3 +90,39 @@ def test_every_subcommand_names_the_function_that_runs_it():
                  ["train", "--algorithm", "easgd"], ["compare", "--algorithms", "easgd"], ["bench", "allreduce"]):
         args = parser.parse_args(argv)
         assert callable(args.func) and args.func.__module__.startswith("workbench.cli"), argv
+
+
+def _subcommands(parser, prefix=()):
+    """``(argv, help)`` for every subcommand of ``parser``, nested ones (``vcluster up``) included."""
+    import argparse
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                yield (*prefix, name), helps.get(name)
+                yield from _subcommands(sub, (*prefix, name))
+
+
+def test_help_lists_every_subcommand_with_a_line_that_says_what_it_does(capsys):
+    from workbench.cli import build_parser
+    commands = list(_subcommands(build_parser()))
+    assert not [" ".join(argv) for argv, text in commands if not (text or "").strip()], "subcommands without help"
+    for group in {argv[:-1] for argv, _ in commands}:
+        with pytest.raises(SystemExit) as exit_info:
+            main([*group, "--help"])
+        assert exit_info.value.code == 0
+        out = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
+        for argv, text in commands:
+            if argv[:-1] == group:
+                assert f"{argv[-1]} {' '.join(text.split())}" in out, (group, argv)
+    description = build_parser().description
+    for argv, _ in commands:
+        if len(argv) == 1:  # the overview at the top of `workbench --help` shows every command
+            assert f"workbench {argv[0]}" in description, argv
+
+
+def test_predict_names_the_flag_for_a_collective_without_a_closed_form(capsys):
+    assert main(["predict", "--collective", "double_binary_tree", "--ranks", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--simulate" in err and "Simulated" not in err
+    assert err.count("\n") == 1  # one line

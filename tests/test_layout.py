@@ -1,7 +1,7 @@
-"""The house rules that keep the layout honest (DESIGN.md, "Target layout").
+"""The house rules that keep the layout honest (docs/architecture.md, "Layers and the import rule").
 
 The pure packages never import mpi4py or torch: they run in the notebook kernel, on login nodes
-and in the CLI, and DESIGN.md promises they stay cheap and MPI-free. Each is imported in a fresh
+and in the CLI, and docs/architecture.md promises they stay cheap and MPI-free. Each is imported in a fresh
 interpreter with every one of its modules (and the lazy names it loads on first use).
 """
 from __future__ import annotations

@@ -101,7 +101,8 @@ def test_fp16_halves_the_payload_exactly_plus_the_decision():
 
 
 def test_csc_sends_norms_then_the_selected_chunks():
-    """PAPERS.md's traffic formula, exact when rho K is whole: 2(N-1)/N (rho P b + 4 K)."""
+    """CSC's traffic formula (docs/papers.md, "3. GradientFlow"), exact when rho K is whole:
+    2(N-1)/N (rho P b + 4 K)."""
     c, chunks, rho = 64, 256, 0.25
     P = c * chunks
     profile = [LayerProfile("only", P, 1e-3, 2e-3)]

@@ -1,4 +1,4 @@
-"""The update rules against the formulas of PAPERS.md section 1, by hand on small tensors."""
+"""The update rules against the formulas of docs/papers.md, "1. EASGD for HPC clusters", by hand on small tensors."""
 import pytest
 import torch
 

@@ -58,7 +58,7 @@ class Summary(TypedDict, total=False):
     evaluations: int                 # evaluation points during training (the final one not counted)
 
 
-#: The keys every ``summary.json`` holds (DESIGN.md's contract); synchronous algorithms add
+#: The keys every ``summary.json`` holds (docs/architecture.md, "Public contracts"); synchronous algorithms add
 #: ``weights_checksum``.
 CONTRACT_KEYS = ("algorithm", "ranks", "config", "final_test_accuracy", "final_loss", "wall_seconds",
                  "steps", "comm_fraction", "bytes_sent")

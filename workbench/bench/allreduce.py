@@ -23,6 +23,7 @@ from ..comm import allreduce
 from ..comm.tuning import bucket_of, time_interleaved, tuner_for
 from ..runtime.launch.ports import free_port
 from ..sizes import format_size, parse_size
+from .machine import Load, describe
 
 GLOO = "gloo"
 
@@ -77,6 +78,7 @@ def run(sizes: list[int], algorithms: list[str], dtype: str, gloo: bool, comm: M
     ``repetitions``: per size (default :func:`repetitions_for`); ``warmup``: untimed rounds first."""
     import torch
     torch.set_num_threads(1)
+    load = Load()
     n = comm.Get_size()
     dist = _gloo_group(comm) if gloo else None
     results, auto_choice = [], {}
@@ -106,7 +108,7 @@ def run(sizes: list[int], algorithms: list[str], dtype: str, gloo: bool, comm: M
     if dist is not None:
         dist.destroy_process_group()
     return {"ranks": n, "dtype": dtype, "mpi_library": MPI.Get_library_version().splitlines()[0].strip(),
-            "torch": torch.__version__, "host": platform.node(),
+            "torch": torch.__version__, "host": platform.node(), "machine": describe(), "load_average": load.done(),
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "auto_choice": auto_choice, "results": results}
 

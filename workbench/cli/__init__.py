@@ -11,6 +11,10 @@
                                      all-reduce time on a simulated network, speed-up over ring
     workbench calibrate [--json benchmarks/results/allreduce_4ranks.json] [--topology bus:4]
                                      fit link latency/bandwidth to measured all-reduces
+    workbench predict [--model alexnet | --profile FILE.csv] [--ranks 1,8,64,512] [--simulate ...]
+                                     step time, communication share and scaling on N ranks
+    workbench plan --model vgg16 --batch 32 --gpus 8 (--amplification 2 | --data-parallel)
+                                     burst parallelism: every layer its own number of GPUs
     workbench vcluster up|status|list|exec|mpiexec|env|down NAME ...
                                      a virtual cluster: nodes as namespaces joined by shaped links
     workbench algorithms             the training and collective algorithm names

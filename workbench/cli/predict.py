@@ -135,6 +135,9 @@ def _network(args):
     latency = costs.DEFAULT_LATENCY if args.latency is None else args.latency
     if args.simulate:
         return costs.Simulated(bandwidth, latency, args.collective, args.topology), "simulated"
+    if args.collective not in costs.CLOSED_FORMS:  # the library's error names its class; here, the flag
+        raise ValueError(f"--collective must be one of {', '.join(costs.CLOSED_FORMS)} for the closed form "
+                         f"(add --simulate [--topology T] for the others); got {args.collective!r}")
     return costs.AlphaBeta(bandwidth, latency, args.collective), "closed form"
 
 

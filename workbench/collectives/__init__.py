@@ -1,4 +1,4 @@
-"""The collectives facade of DESIGN.md: one import for the public names of four packages.
+"""The collectives facade (docs/architecture.md, "Public contracts"): one import for the public names of four packages.
 
     from workbench.collectives import Schedule, Transfer, schedules, allreduce, topology, simulate
 

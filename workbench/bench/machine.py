@@ -1,0 +1,34 @@
+"""Where a measurement ran: every benchmark JSON records the machine and its load average.
+
+    from workbench.bench.machine import Load, describe
+    load = Load()                 # the load average now, before measuring
+    ...                           # measure
+    report = {..., "machine": describe(), "load_average": load.done()}
+
+Machines that run the benchmarks are often shared (other jobs, a test suite): timings move with
+the load, by 2x and more on a 2-core machine, so a number is only readable beside the load it was
+measured under and the machine it ran on. One helper, so that every JSON spells both the same
+way: ``machine`` = ``{"host", "cpus", "system", "python"}``; ``load_average`` = ``{"before":
+[1, 5, 15 min], "after": [...]}`` (``os.getloadavg``). Standard library only.
+"""
+from __future__ import annotations
+
+import os
+import platform
+
+
+def describe() -> dict:
+    """This machine: host name, logical CPUs, operating system and kernel, Python version."""
+    return {"host": platform.node(), "cpus": os.cpu_count(), "system": platform.platform(),
+            "python": platform.python_version()}
+
+
+class Load:
+    """The load average before a measurement (taken when built) and after it (:meth:`done`)."""
+
+    def __init__(self) -> None:
+        self.before = list(os.getloadavg())
+
+    def done(self) -> dict:
+        """``{"before": [1, 5, 15 min], "after": [1, 5, 15 min]}``: the load averages around the run."""
+        return {"before": self.before, "after": list(os.getloadavg())}
