@@ -13,7 +13,7 @@ from workbench.burst.deeppool import (BANDWIDTH, EXEMPT_US, LATENCY_US, PENALTY,
                                       activation_us, amplification_of, candidates, compute_us, gpus_needed,
                                       initial_config, no_parallel_us, plan_deeppool, sync_us)
 from workbench.burst.graph import BurstError, Layer, LayerTime, ModelGraph, ProfileTable, load_model, load_profile
-from workbench.burst.plan import Plan, sample_ranges
+from workbench.burst.plan import BurstPlan, sample_ranges
 
 CONCATS = 15   # concat layers of Inception-v3, nested ones included
 
@@ -336,7 +336,7 @@ def test_nested_block_overtime_dropped_for_the_longest_branch():
 
 # ---- the shipped models ----
 
-def check_plan(plan: Plan, model, table, batch: int, gpus: int, chain: bool) -> None:
+def check_plan(plan: BurstPlan, model, table, batch: int, gpus: int, chain: bool) -> None:
     assert plan.cost_model == "deeppool" and len(plan.layers) == len(model.layers)
     for l, layer in zip(plan.layers, model.layers):
         assert l.id == layer.id and l.type == layer.type
@@ -440,7 +440,7 @@ def test_json_round_trip(data):
     for name, batch, gpus, lim in (("vgg16", 32, 8, math.inf), ("inception_v3", 16, 4, 2.0)):
         model, table = data[name]
         plan = plan_deeppool(model, table, batch, gpus, lim)
-        back = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+        back = BurstPlan.from_dict(json.loads(json.dumps(plan.to_dict())))
         assert back == plan and back.to_dict() == plan.to_dict()
         assert back.cost_model == "deeppool" and back.amplification == lim
 

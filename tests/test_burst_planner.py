@@ -16,7 +16,7 @@ import pytest
 
 from workbench.burst.costs import CostModel, moved_samples, traffic
 from workbench.burst.graph import BurstError, Layer, ModelGraph, ProfileTable, load_model, load_profile
-from workbench.burst.plan import Plan
+from workbench.burst.plan import BurstPlan
 from workbench.burst.planner import plan, structure
 from workbench.cli import main
 
@@ -97,7 +97,7 @@ def test_the_planner_equals_brute_force_on_random_chains():
         assert all(l.amplification <= limit * (1 + 1e-9) for l in p.layers if not bound.exempt(l.id))
 
 
-def _check_plan(p: Plan, model: ModelGraph):
+def _check_plan(p: BurstPlan, model: ModelGraph):
     """The invariants every plan keeps: ranks within the budget, sample shares partition the
     batch, a per-GPU timeline without overlaps, layers after their inputs, joins after their
     slowest branch, transfers matching their layers."""
@@ -289,7 +289,7 @@ def test_cli_writes_the_plan_json(tmp_path, capsys):
     assert [l["id"] for l in d["layers"]] == list(range(39)) and d["cost_model"] == "workbench"
     assert {"id", "gpus", "ranks", "compute_ms", "sync_ms", "transfer_ms", "start_ms", "end_ms"} <= set(d["layers"][0])
     assert d["iteration_ms"] == pytest.approx(plan("wrn101_2", None, 32, 8, 2.0).iteration_ms)
-    assert Plan.from_dict(d).to_dict() == d
+    assert BurstPlan.from_dict(d).to_dict() == d
     assert main(["plan", "--model", "inception_v3", "--batch", "16", "--gpus", "4", "--amplification", "inf",
                  "--json", str(out)]) == 0
     assert json.loads(out.read_text())["amplification"] == "inf"

@@ -1,6 +1,6 @@
 """DeepPool's GPU multiplexing (Park et al., MLSys'22; PAPERS.md §4) as a discrete-event simulation.
 
-A foreground burst-parallel :class:`~workbench.burst.plan.Plan` leaves GPUs idle between its
+A foreground burst-parallel :class:`~workbench.burst.plan.BurstPlan` leaves GPUs idle between its
 bursts; a background data-parallel job, cut into small pieces, fills those idle windows, and the
 foreground may be slowed by at most ``slowdown``::
 
@@ -62,7 +62,7 @@ background job's gradient sync is *not* charged (assumed hidden in its own idle 
 asynchronously: an optimistic bound). Background throughput = samples of the pieces run
 (``background_batch / n`` per piece, partial steps pro rata; ``background_steps`` counts whole
 ones) / wall time. Total = foreground + background samples/s (the two jobs' samples summed as
-they are). ``ratio`` = total / ``baseline`` throughput: a :class:`Plan` (plain data parallelism of
+they are). ``ratio`` = total / ``baseline`` throughput: a :class:`BurstPlan` (plain data parallelism of
 the foreground job: ``batch / iteration_ms``), samples/s, or None (the foreground plan unmultiplexed).
 
 Pure Python: no torch, no MPI (plotly only in :func:`fill_figure`).
@@ -76,7 +76,7 @@ from dataclasses import dataclass
 
 from ..checks import integer
 from .graph import BurstError
-from .plan import Plan
+from .plan import BurstPlan
 
 OPEN, CLOSE = 0, 1
 #: the overrun allowances tried are multiples of this fraction of the planned iteration
@@ -163,7 +163,7 @@ def _number(name: str, value, low: float = 0.0, strict: bool = True) -> float:
     return v
 
 
-def busy_spans(plan: Plan) -> dict[int, list[tuple[float, float, tuple[int, ...]]]]:
+def busy_spans(plan: BurstPlan) -> dict[int, list[tuple[float, float, tuple[int, ...]]]]:
     """GPU -> its foreground spans ``(start, end, layers)`` in one iteration: one per layer
     (transfer to sync), overlapping ones merged, sorted; checks the plan's times."""
     T = _number("foreground.iteration_ms", plan.iteration_ms)
@@ -302,14 +302,14 @@ def background_step_ms(model, table, batch: int) -> float:
     return sum(row.avg_us for layer in model.layers if (row := table.get(layer, batch)) is not None) / 1000
 
 
-def simulate(foreground: Plan, background_piece_ms: float, piece_ms: float = 0.5, slowdown: float = 1.1,
+def simulate(foreground: BurstPlan, background_piece_ms: float, piece_ms: float = 0.5, slowdown: float = 1.1,
              iterations: int = 10, switch_ms: float = 0.0, *, background_batch: float | None = None,
-             baseline: Plan | float | None = None, objective: str = "background") -> MultiplexResult:
+             baseline: BurstPlan | float | None = None, objective: str = "background") -> MultiplexResult:
     """Multiplex a background job (one per-GPU step of ``background_piece_ms``, cut into pieces of
     at most ``piece_ms``) into the idle windows of ``foreground`` for ``iterations`` iterations,
     each at most ``slowdown`` times its planned time (see the module's text)."""
-    if not isinstance(foreground, Plan):
-        raise BurstError(f"foreground must be a Plan; got {type(foreground).__name__}")
+    if not isinstance(foreground, BurstPlan):
+        raise BurstError(f"foreground must be a BurstPlan; got {type(foreground).__name__}")
     step = _number("background_piece_ms", background_piece_ms)
     most = _number("piece_ms", piece_ms)
     bound = _number("slowdown", slowdown, low=1.0, strict=False)
@@ -322,7 +322,7 @@ def simulate(foreground: Plan, background_piece_ms: float, piece_ms: float = 0.5
     if background_batch is None:
         background_batch = foreground.batch / max(1, foreground.gpus)
     bgb = _number("background_batch", background_batch)
-    if isinstance(baseline, Plan):
+    if isinstance(baseline, BurstPlan):
         base = _number("baseline.batch", baseline.batch) * 1e3 / _number(
             "baseline.iteration_ms", baseline.iteration_ms)
     elif baseline is None:

@@ -8,20 +8,20 @@ from __future__ import annotations
 
 import math
 
-from .plan import Plan
+from .plan import BurstPlan
 
 #: colours of the three kinds of busy time and of idle time
 COLOURS = {"transfer": "#ff7f0e", "compute": "#1f77b4", "sync": "#2ca02c", "idle": "#e6e6e6"}
 
 
-def _limit(plan: Plan) -> str:
+def _limit(plan: BurstPlan) -> str:
     if plan.data_parallel:
         return "data parallel"
     a = plan.amplification
     return "no amplification limit" if a is None or math.isinf(a) else f"amplification <= {a:g}"
 
 
-def plan_figure(plan: Plan, title: str | None = None, min_idle_ms: float = 0.0):
+def plan_figure(plan: BurstPlan, title: str | None = None, min_idle_ms: float = 0.0):
     """A per-GPU Gantt chart of one iteration: a row per GPU of the job (GPU 0 on top), a bar per
     layer's transfer in, compute and gradient sync on each of its GPUs, idle windows in grey
     (those shorter than ``min_idle_ms`` left out). Hover a bar for the layer, its width and times."""
