@@ -120,7 +120,8 @@ def test_the_launching_process_never_imports_mpi4py():
     code = ("import sys; import workbench.burst.execute as e; from workbench.runtime.launch import mpiexec; "
             "from workbench.burst.plan import BurstPlan, LayerPlan; "
             "e.segments(BurstPlan('mlp', 8, 2, 'workbench', "
-            "[LayerPlan(i, 'l', 2, (0, 1), 4, 0, 0, 0) for i in range(3)], 0, 0, 2), 'mlp', 2); assert 'mpi4py' not in sys.modules, 'imported'")
+            "[LayerPlan(i, 'l', 2, (0, 1), 4, 0, 0, 0) for i in range(3)], 0, 0, 2), 'mlp', 2); "
+            "assert 'mpi4py' not in sys.modules, 'imported'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
 

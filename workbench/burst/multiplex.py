@@ -4,7 +4,8 @@ A foreground burst-parallel :class:`~workbench.burst.plan.BurstPlan` leaves GPUs
 bursts; a background data-parallel job, cut into small pieces, fills those idle windows, and the
 foreground may be slowed by at most ``slowdown``::
 
-    from workbench.burst.multiplex import simulate, fill_figure
+    from workbench.burst.multiplex import simulate
+    from workbench.burst.pictures import fill_figure
     r = simulate(plan, background_piece_ms=16.9, piece_ms=0.5, slowdown=1.1, baseline=dp_plan)
     r.ratio, r.foreground_throughput, r.background_throughput; fill_figure(r).show()
 
@@ -65,7 +66,7 @@ ones) / wall time. Total = foreground + background samples/s (the two jobs' samp
 they are). ``ratio`` = total / ``baseline`` throughput: a :class:`BurstPlan` (plain data parallelism of
 the foreground job: ``batch / iteration_ms``), samples/s, or None (the foreground plan unmultiplexed).
 
-Pure Python: no torch, no MPI (plotly only in :func:`fill_figure`).
+Pure Python: no torch, no MPI (plotly only in :func:`~workbench.burst.pictures.fill_figure`).
 """
 from __future__ import annotations
 
@@ -76,6 +77,7 @@ from dataclasses import dataclass
 
 from ..checks import integer
 from .graph import BurstError
+from .pictures import fill_figure  # noqa: F401 (the figure lives with the others; imported from here too)
 from .plan import BurstPlan
 
 OPEN, CLOSE = 0, 1
@@ -302,6 +304,28 @@ def background_step_ms(model, table, batch: int) -> float:
     return sum(row.avg_us for layer in model.layers if (row := table.get(layer, batch)) is not None) / 1000
 
 
+def _best_schedule(spans, T: float, K: int, q: float, s: float, budget: float, samples: tuple, objective: str):
+    """Simulate the distinct schedules of the allowances ``j * grid <= budget`` (``grid``: the
+    :data:`ALLOWANCE_GRID` share of ``T``); the best for ``objective``, its allowance and the number
+    of schedules run. ``samples``: (background samples a step, pieces a step, foreground batch)."""
+    bgb, n, batch = samples
+    grid, j, best, runs = ALLOWANCE_GRID * T, 0, None, 0
+    while True:
+        run = _Sim(spans, T, K, q, s, j * grid)
+        run.run()
+        runs += 1
+        work = sum(st.done for st in run.st.values()) * bgb / n
+        score = work / (K * T + run.D) + (K * batch / (K * T + run.D) if objective == "total" else 0.0)
+        if best is None or score > best[0] * (1 + 1e-12):
+            best = (score, run, j * grid)
+        if run.next_break > budget + run.tol or runs >= MAX_RUNS:
+            break
+        j = max(j + 1, math.ceil(run.next_break / grid - 1e-9))  # the same schedule up to next_break
+        if j * grid > budget + run.tol:
+            break
+    return best[1], best[2], runs
+
+
 def simulate(foreground: BurstPlan, background_piece_ms: float, piece_ms: float = 0.5, slowdown: float = 1.1,
              iterations: int = 10, switch_ms: float = 0.0, *, background_batch: float | None = None,
              baseline: BurstPlan | float | None = None, objective: str = "background") -> MultiplexResult:
@@ -331,20 +355,7 @@ def simulate(foreground: BurstPlan, background_piece_ms: float, piece_ms: float 
         base = _number("baseline", baseline)
     n = max(1, math.ceil(step / most - 1e-9))
     q = step / n
-    budget, grid, j, sim, runs = (bound - 1.0) * T, ALLOWANCE_GRID * T, 0, None, 0
-    while True:  # each distinct schedule for the allowances j * grid <= budget; keep the best
-        run = _Sim(spans, T, K, q, s, j * grid)
-        run.run()
-        runs += 1
-        work = sum(st.done for st in run.st.values()) * bgb / n
-        score = work / (K * T + run.D) + (K * foreground.batch / (K * T + run.D) if objective == "total" else 0.0)
-        if sim is None or score > best * (1 + 1e-12):
-            sim, best, chosen = run, score, j * grid
-        if run.next_break > budget + run.tol or runs >= MAX_RUNS:
-            break
-        j = max(j + 1, math.ceil(run.next_break / grid - 1e-9))  # the same schedule up to next_break
-        if j * grid > budget + run.tol:
-            break
+    sim, chosen, runs = _best_schedule(spans, T, K, q, s, (bound - 1.0) * T, (bgb, n, foreground.batch), objective)
     wall = K * T + sim.D
     times = [T + d for d in sim.realised]
     foreground_rate = foreground.batch * 1e3 * K / wall
@@ -364,36 +375,3 @@ def simulate(foreground: BurstPlan, background_piece_ms: float, piece_ms: float 
         background_rate=bgb * 1e3 / step, switch_ms=s, utilisation_before={g: busy[g] / T for g in spans},
         utilisation_after={g: (K * busy[g] + bg_ms[g]) / wall for g in spans},
         background_steps={g: d // n for g, d in done.items()}, pieces=sim.pieces, foreground=sim.foreground)
-
-
-def fill_figure(result: MultiplexResult, title: str | None = None):
-    """Per-GPU timeline (plotly): foreground spans, background pieces and idle time."""
-    import plotly.graph_objects as go
-
-    rows = {g: f"GPU {g}" for g in sorted(result.utilisation_before)}
-    fig = go.Figure()
-
-    def bars(items, name, color, text):
-        items = list(items)
-        fig.add_trace(go.Bar(orientation="h", name=name, marker_color=color, y=[rows[i[0]] for i in items],
-                             base=[i[1] for i in items], x=[i[2] - i[1] for i in items],
-                             hovertext=[text(i) for i in items], hoverinfo="text"))
-
-    fg = [(s.gpu, s.start_ms, s.end_ms, s.layers) for s in result.foreground]
-    bg = [(p.gpu, p.start_ms, p.end_ms, p.overrun_ms) for p in result.pieces]
-    idle = []
-    for g in rows:
-        t = 0.0
-        for _, a, b, _ in sorted((i for i in fg + bg if i[0] == g), key=lambda i: (i[1], i[2])):
-            if a > t + 1e-9:
-                idle.append((g, t, a, None))
-            t = max(t, b)
-        if result.wall_ms > t + 1e-9:
-            idle.append((g, t, result.wall_ms, None))
-    bars(fg, "foreground", "#1f77b4", lambda i: f"layers {', '.join(map(str, i[3]))}: {i[1]:.3f}-{i[2]:.3f} ms")
-    bars(bg, "background", "#ff7f0e", lambda i: f"piece {i[1]:.3f}-{i[2]:.3f} ms, overrun {i[3]:.3f} ms")
-    bars(idle, "idle", "#dddddd", lambda i: f"idle {i[1]:.3f}-{i[2]:.3f} ms")
-    fig.update_layout(barmode="overlay", title=title or f"multiplexing: {result.ratio:.2f}x the baseline",
-                      xaxis_title="ms", yaxis=dict(autorange="reversed", categoryorder="array",
-                                                   categoryarray=list(rows.values())), bargap=0.3)
-    return fig

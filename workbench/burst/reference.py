@@ -48,7 +48,8 @@ def batch_loss(out, y, batch: int):
 
 def reference(model_name: str, batch: int, steps: int, lr: float, seed: int, *, momentum: float = 0.0,
               dtype: str = "float32") -> np.ndarray:
-    """The final flat weights of one process on the whole global batch (init, batches, SGD as :func:`~workbench.burst.execute.run_plan`)."""
+    """The final flat weights of one process on the whole global batch (init, batches and SGD as
+    :func:`~workbench.burst.execute.run_plan` has them)."""
     import torch
 
     from ..models import FlatParams
