@@ -202,16 +202,17 @@ class _GPU:
 
 class _Sim:
     def __init__(self, spans, T, K, q, s, budget) -> None:
-        self.T, self.K, self.q, self.s, self.budget = T, K, q, s, budget
+        #: the planned iteration, iterations, a piece's length, a switch's cost, the overrun allowance (ms)
+        self.period, self.iterations, self.piece, self.switch, self.budget = T, K, q, s, budget
         self.tol = 1e-9 * max(1.0, T)
-        self.D, self.realised, self.next_break = 0.0, [0.0] * K, math.inf
+        self.delay, self.realised, self.next_break = 0.0, [0.0] * K, math.inf  # delay: the foreground's so far
         self.pieces: list[Piece] = []
         self.foreground: list[Span] = []
         self.seq = itertools.count()
         self.fg: list = []  # (planned, OPEN|CLOSE, gpu, window)
         self.bg: list = []  # (wall end, seq, gpu)
         self.wins: dict[int, list[tuple[float, float, tuple[int, ...] | None, int]]] = {}
-        self.st = {g: _GPU() for g in spans}
+        self.gpus = {g: _GPU() for g in spans}
         for g, sp in spans.items():
             ws: list = []
             t = None  # end of the previous span
@@ -219,7 +220,7 @@ class _Sim:
                 for a, b, lids in sp:
                     a, b = a + k * T, b + k * T
                     if t is None and a <= self.tol:
-                        self.st[g].fg_since, self.st[g].fg_layers = 0.0, lids
+                        self.gpus[g].fg_since, self.gpus[g].fg_layers = 0.0, lids
                     else:
                         ws.append((0.0 if t is None else t, a, lids))
                     t = b
@@ -232,26 +233,26 @@ class _Sim:
         heapq.heapify(self.fg)
 
     def iteration_of(self, planned: float) -> int:
-        return min(self.K - 1, max(0, math.ceil(planned / self.T - 1e-9) - 1))
+        return min(self.iterations - 1, max(0, math.ceil(planned / self.period - 1e-9) - 1))
 
     def pending(self, g: int) -> float:
-        st = self.st[g]
+        st = self.gpus[g]
         if st.mode != "window" or not st.ran:
             return 0.0
-        return max(0.0, st.last_end + self.s - (self.wins[g][st.win][1] + self.D))
+        return max(0.0, st.last_end + self.switch - (self.wins[g][st.win][1] + self.delay))
 
     def try_start(self, g: int, now: float) -> None:
-        st = self.st[g]
+        st = self.gpus[g]
         if st.mode != "window" or st.running:
             return
         po, pc, _, k = self.wins[g][st.win]
-        start = now if st.ran else now + self.s
-        if start >= pc + self.D - self.tol:  # the foreground is due: no idle time left to start in
+        start = now if st.ran else now + self.switch
+        if start >= pc + self.delay - self.tol:  # the foreground is due: no idle time left to start in
             return
-        end = start + self.q
-        over = end + self.s - (pc + self.D)
+        end = start + self.piece
+        over = end + self.switch - (pc + self.delay)
         if over > self.tol:
-            others = sum(self.pending(h) for h, o in self.st.items()
+            others = sum(self.pending(h) for h, o in self.gpus.items()
                          if h != g and o.ran and o.mode == "window" and self.wins[h][o.win][3] == k)
             if self.realised[k] + others + over > self.budget + self.tol:
                 self.next_break = min(self.next_break, self.realised[k] + others + over)
@@ -262,17 +263,17 @@ class _Sim:
 
     def run(self) -> None:
         while self.fg:
-            if self.bg and self.bg[0][0] <= self.fg[0][0] + self.D + self.tol:  # piece ends first on ties
+            if self.bg and self.bg[0][0] <= self.fg[0][0] + self.delay + self.tol:  # piece ends first on ties
                 end, _, g = heapq.heappop(self.bg)
-                st = self.st[g]
+                st = self.gpus[g]
                 st.running, st.done = False, st.done + 1
                 self.try_start(g, end)
                 continue
             p, kind, g, i = self.fg[0]
-            now = p + self.D
+            now = p + self.delay
             if kind == OPEN:
                 heapq.heappop(self.fg)
-                st = self.st[g]
+                st = self.gpus[g]
                 if st.fg_since is not None:
                     self.foreground.append(Span(g, st.fg_since, now, st.fg_layers))
                 st.mode, st.win, st.ran, st.fg_since = "window", i, False, None
@@ -281,17 +282,17 @@ class _Sim:
             batch = []
             while self.fg and self.fg[0][1] == CLOSE and self.fg[0][0] <= p + self.tol:
                 batch.append(heapq.heappop(self.fg))
-            ready = max((self.st[h].last_end + self.s for _, _, h, _ in batch if self.st[h].ran), default=now)
+            ready = max((self.gpus[h].last_end + self.switch for _, _, h, _ in batch if self.gpus[h].ran), default=now)
             if ready - now > self.tol:  # a GPU still runs (or switches back from) background work
-                self.D += ready - now
+                self.delay += ready - now
                 self.realised[self.iteration_of(p)] += ready - now
                 for item in batch:
                     heapq.heappush(self.fg, item)
-                for h in self.st:  # every idle window just grew
+                for h in self.gpus:  # every idle window just grew
                     self.try_start(h, now)
                 continue
             for _, _, h, j in batch:
-                st = self.st[h]
+                st = self.gpus[h]
                 after = self.wins[h][j][2]
                 st.mode = "done" if after is None else "fg"
                 st.fg_since, st.fg_layers = (None, ()) if after is None else (now, after)
@@ -314,8 +315,8 @@ def _best_schedule(spans, T: float, K: int, q: float, s: float, budget: float, s
         run = _Sim(spans, T, K, q, s, j * grid)
         run.run()
         runs += 1
-        work = sum(st.done for st in run.st.values()) * bgb / n
-        score = work / (K * T + run.D) + (K * batch / (K * T + run.D) if objective == "total" else 0.0)
+        work = sum(st.done for st in run.gpus.values()) * bgb / n
+        score = work / (K * T + run.delay) + (K * batch / (K * T + run.delay) if objective == "total" else 0.0)
         if best is None or score > best[0] * (1 + 1e-12):
             best = (score, run, j * grid)
         if run.next_break > budget + run.tol or runs >= MAX_RUNS:
@@ -356,10 +357,10 @@ def simulate(foreground: BurstPlan, background_piece_ms: float, piece_ms: float 
     n = max(1, math.ceil(step / most - 1e-9))
     q = step / n
     sim, chosen, runs = _best_schedule(spans, T, K, q, s, (bound - 1.0) * T, (bgb, n, foreground.batch), objective)
-    wall = K * T + sim.D
+    wall = K * T + sim.delay
     times = [T + d for d in sim.realised]
     foreground_rate = foreground.batch * 1e3 * K / wall
-    done = {g: st.done for g, st in sim.st.items()}
+    done = {g: st.done for g, st in sim.gpus.items()}
     background_rate = bgb / n * sum(done.values()) * 1e3 / wall
     busy = {g: sum(b - a for a, b, _ in sp) for g, sp in spans.items()}
     bg_ms = {g: 0.0 for g in spans}
