@@ -19,14 +19,14 @@ import pytest
 
 from workbench.burst.execute import ExecuteError, execute, reference
 from workbench.burst.graph import BurstError
-from workbench.burst.plan import LayerPlan, Plan
+from workbench.burst.plan import BurstPlan, LayerPlan
 from workbench.runtime.launch import mpiexec
 
 pytestmark = pytest.mark.mpi
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def make_plan(model: str, placement, batch: int = 64, gpus: int = 4, samples=True) -> Plan:
+def make_plan(model: str, placement, batch: int = 64, gpus: int = 4, samples=True) -> BurstPlan:
     """Per layer a width (ranks ``0..w-1``) or a tuple of ranks; ``samples``: the equal shares
     (True), none listed (False) or a list per layer."""
     layers = []
@@ -36,7 +36,7 @@ def make_plan(model: str, placement, batch: int = 64, gpus: int = 4, samples=Tru
         given = samples[i] if isinstance(samples, list) else (
             [(r * share, (r + 1) * share) for r in range(len(ranks))] if samples else [])
         layers.append(LayerPlan(i, "layer", len(ranks), ranks, share, 0.0, 0.0, 0.0, samples=given))
-    return Plan(model, batch, gpus, "workbench", layers, 0.0, 0.0, gpus)
+    return BurstPlan(model, batch, gpus, "workbench", layers, 0.0, 0.0, gpus)
 
 
 def test_burst_cases_under_mpiexec(mpi):
@@ -118,9 +118,10 @@ def test_a_hanging_rank_times_the_others_out_naming_it():
 
 def test_the_launching_process_never_imports_mpi4py():
     code = ("import sys; import workbench.burst.execute as e; from workbench.runtime.launch import mpiexec; "
-            "from workbench.burst.plan import LayerPlan, Plan; "
-            "e.segments(Plan('mlp', 8, 2, 'workbench', [LayerPlan(i, 'l', 2, (0, 1), 4, 0, 0, 0) for i in range(3)], "
-            "0, 0, 2), 'mlp', 2); assert 'mpi4py' not in sys.modules, 'imported'")
+            "from workbench.burst.plan import BurstPlan, LayerPlan; "
+            "e.segments(BurstPlan('mlp', 8, 2, 'workbench', "
+            "[LayerPlan(i, 'l', 2, (0, 1), 4, 0, 0, 0) for i in range(3)], 0, 0, 2), 'mlp', 2); "
+            "assert 'mpi4py' not in sys.modules, 'imported'")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
 

@@ -1,6 +1,6 @@
 """The planner's inputs and output (workbench.burst.graph, workbench.burst.plan): DeepPool's
 shipped tables and layer lists read as published, the table format written and read back, and
-the Plan's samples, timeline, idle windows and JSON."""
+the BurstPlan's samples, timeline, idle windows and JSON."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import pytest
 
 from workbench.burst.graph import (DATA, BurstError, Layer, ModelGraph, ProfileTable, check_graph, load_model,
                                    load_profile, model_path)
-from workbench.burst.plan import Busy, LayerPlan, Plan, Transfer, sample_ranges
+from workbench.burst.plan import ActivationTransfer, Busy, BurstPlan, LayerPlan, sample_ranges
 
 #: (layers, listed parameters, measured per-GPU batches of layer 0) as the data README states
 SHIPPED = {"vgg16": (37, 138_357_544, (1, 2, 3, 4, 6, 8, 16, 32, 64)),
@@ -79,12 +79,12 @@ def test_bad_inputs_are_one_line_errors(tmp_path):
     assert model_path("wide_resnet101_2") == DATA / "models" / "wrn101_2.json"
 
 
-def _toy_plan() -> Plan:
+def _toy_plan() -> BurstPlan:
     """4 GPUs: layer 0 on all four for 2 ms, layer 1 on GPU 0 for 3 ms (after a 1 ms transfer)."""
     l0 = LayerPlan(0, "conv2d", 4, (0, 1, 2, 3), 2, 2.0, 0.0, 0.0, 0.0, 2.0, samples=sample_ranges(8, 4))
     l1 = LayerPlan(1, "linear", 1, (0,), 8, 3.0, 0.0, 1.0, 2.0, 6.0, samples=sample_ranges(8, 1))
-    return Plan("toy", 8, 4, "workbench", [l0, l1], 6.0, 2.0 * 4 + 4.0, 4, 2.0,
-                transfers=[Transfer(0, 1, (0, 1, 2, 3), (0,), 96.0, 1.0)])
+    return BurstPlan("toy", 8, 4, "workbench", [l0, l1], 6.0, 2.0 * 4 + 4.0, 4, 2.0,
+                transfers=[ActivationTransfer(0, 1, (0, 1, 2, 3), (0,), 96.0, 1.0)])
 
 
 def test_plan_samples_timeline_idle_windows_and_json(tmp_path):
@@ -97,13 +97,24 @@ def test_plan_samples_timeline_idle_windows_and_json(tmp_path):
     idle = plan.idle_windows()
     assert idle[0] == [] and idle[1] == [(2.0, 6.0)] == idle[3]
     assert plan.idle_windows(min_ms=5.0)[1] == []
-    back = Plan.from_dict(json.loads(plan.write_json(tmp_path / "p.json").read_text()))
+    back = BurstPlan.from_dict(json.loads(plan.write_json(tmp_path / "p.json").read_text()))
     assert back.to_dict() == plan.to_dict()
-    unlimited = Plan("toy", 8, 4, "deeppool", plan.layers, 6.0, 12.0, 4, math.inf)
+    unlimited = BurstPlan("toy", 8, 4, "deeppool", plan.layers, 6.0, 12.0, 4, math.inf)
     assert unlimited.to_dict()["amplification"] == "inf"
-    assert Plan.from_dict(unlimited.to_dict()).amplification == math.inf
+    assert BurstPlan.from_dict(unlimited.to_dict()).amplification == math.inf
     with pytest.raises(BurstError, match="cost_model must be one of workbench, deeppool"):
-        Plan("toy", 8, 4, "mine", [], 0.0, 0.0, 0)
+        BurstPlan("toy", 8, 4, "mine", [], 0.0, 0.0, 0)
+
+
+@pytest.mark.parametrize("where", ["workbench.burst", "workbench.burst.plan"])
+def test_the_old_class_names_still_import_with_a_deprecation_warning(where):
+    import importlib
+    module = importlib.import_module(where)
+    for old, new in (("Plan", BurstPlan), ("Transfer", ActivationTransfer)):
+        with pytest.warns(DeprecationWarning, match=rf"^{where}\.{old} is deprecated: it is {new.__name__} now"):
+            assert getattr(module, old) is new
+    with pytest.raises(AttributeError, match="has no attribute 'Plans'"):
+        module.Plans
 
 
 def test_a_graph_built_in_code():

@@ -7,7 +7,7 @@ import pytest
 
 from workbench.burst.graph import BurstError
 from workbench.burst.multiplex import busy_spans, fill_figure, simulate
-from workbench.burst.plan import LayerPlan, Plan
+from workbench.burst.plan import BurstPlan, LayerPlan
 
 EPS = 1e-7
 
@@ -22,7 +22,7 @@ def chain(layers, gpus=8, batch=32, iteration=None, gaps=None):
         out.append(LayerPlan(i, "conv", len(ranks), ranks, batch // len(ranks), co, sy, tr, t, t + tr + co + sy))
         t += tr + co + sy
     used = 1 + max(r for l in out for r in l.ranks)
-    return Plan("toy", batch, gpus, "workbench", out, iteration or t, 0.0, used)
+    return BurstPlan("toy", batch, gpus, "workbench", out, iteration or t, 0.0, used)
 
 
 def demo():

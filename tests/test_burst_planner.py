@@ -16,7 +16,7 @@ import pytest
 
 from workbench.burst.costs import CostModel, moved_samples, traffic
 from workbench.burst.graph import BurstError, Layer, ModelGraph, ProfileTable, load_model, load_profile
-from workbench.burst.plan import Plan
+from workbench.burst.plan import BurstPlan
 from workbench.burst.planner import plan, structure
 from workbench.cli import main
 
@@ -97,7 +97,7 @@ def test_the_planner_equals_brute_force_on_random_chains():
         assert all(l.amplification <= limit * (1 + 1e-9) for l in p.layers if not bound.exempt(l.id))
 
 
-def _check_plan(p: Plan, model: ModelGraph):
+def _check_plan(p: BurstPlan, model: ModelGraph):
     """The invariants every plan keeps: ranks within the budget, sample shares partition the
     batch, a per-GPU timeline without overlaps, layers after their inputs, joins after their
     slowest branch, transfers matching their layers."""
@@ -289,7 +289,7 @@ def test_cli_writes_the_plan_json(tmp_path, capsys):
     assert [l["id"] for l in d["layers"]] == list(range(39)) and d["cost_model"] == "workbench"
     assert {"id", "gpus", "ranks", "compute_ms", "sync_ms", "transfer_ms", "start_ms", "end_ms"} <= set(d["layers"][0])
     assert d["iteration_ms"] == pytest.approx(plan("wrn101_2", None, 32, 8, 2.0).iteration_ms)
-    assert Plan.from_dict(d).to_dict() == d
+    assert BurstPlan.from_dict(d).to_dict() == d
     assert main(["plan", "--model", "inception_v3", "--batch", "16", "--gpus", "4", "--amplification", "inf",
                  "--json", str(out)]) == 0
     assert json.loads(out.read_text())["amplification"] == "inf"
@@ -308,12 +308,45 @@ def test_cli_deeppool_branch(tmp_path):
     assert json.loads(out.read_text()) == json.loads(json.dumps(expected.to_dict()))
 
 
-def test_cli_calibrated_network(tmp_path):
-    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "allreduce_4ranks.json"
-    out = tmp_path / "plan.json"
-    assert main(["plan", "--model", "vgg16", "--batch", "32", "--gpus", "4", "--amplification", "2",
-                 "--calibration", str(bench), "--json", str(out)]) == 0
-    assert json.loads(out.read_text())["gpus_used"] <= 4
+def _bench_file(path: Path, latency: float, bandwidth: float, ranks: int = 4) -> str:
+    """A ``workbench bench allreduce --json`` file of all-reduces timed as links of ``latency`` s per
+    hop and ``bandwidth`` bytes/s would time them: the simulator on ``bus:ranks``, the network
+    ``workbench calibrate`` and ``plan --calibration`` fit by default."""
+    from workbench import schedules
+    from workbench.netsim.simulator import simulate
+    from workbench.network.topology import bus
+    rows = [{"algorithm": a, "bytes": n, "median_s": simulate(schedules.ALGORITHMS[a](ranks), bus(ranks), n,
+                                                              link_bandwidth=bandwidth, link_latency=latency).seconds}
+            for a in ("ring", "recursive_doubling", "binary_tree") for n in (4 << 10, 64 << 10, 1 << 20, 8 << 20)]
+    path.write_text(json.dumps({"ranks": ranks, "results": rows}))
+    return str(path)
+
+
+def test_cli_calibrated_network(tmp_path, capsys):
+    from workbench.netsim.calibration import calibrate_file
+    fast = _bench_file(tmp_path / "fast.json", 5e-6, 10e9)
+    slow = _bench_file(tmp_path / "slow.json", 50e-6, 1e9)   # every message 10x slower
+    assert main(["calibrate", "--json", fast]) == 0             # the real command fits back what made the file
+    assert "latency 5.00 us/hop, bandwidth 10.000 GB/s; 100% of 12 measurements" in capsys.readouterr().out
+    cal = calibrate_file(slow)
+    assert (cal.link_latency, cal.link_bandwidth) == (pytest.approx(50e-6, rel=1e-6), pytest.approx(1e9, rel=1e-6))
+
+    def planned(bench: str, *how: str) -> dict:
+        out = tmp_path / "plan.json"
+        assert main(["plan", "--model", "vgg16", "--batch", "32", "--gpus", "4", *how, "--calibration", bench,
+                     "--json", str(out)]) == 0
+        return json.loads(out.read_text())
+
+    # data parallel: each layer's gradient sync takes 10x as long on the 10x slower links, its compute the same
+    dp_fast, dp_slow = planned(fast, "--data-parallel"), planned(slow, "--data-parallel")
+    assert sum(l["sync_ms"] for l in dp_fast["layers"]) > 100
+    for f, s in zip(dp_fast["layers"], dp_slow["layers"]):
+        assert s["compute_ms"] == f["compute_ms"] and s["sync_ms"] == pytest.approx(10 * f["sync_ms"], rel=1e-6)
+    # no amplification limit: the fast links make spreading layers over the 4 GPUs pay, the slow ones do not
+    burst_fast, burst_slow = planned(fast, "--amplification", "inf"), planned(slow, "--amplification", "inf")
+    assert burst_fast["gpus_used"] == 4 and burst_fast["iteration_ms"] < burst_slow["iteration_ms"]
+    assert burst_slow["gpus_used"] == 1
+    assert burst_slow["iteration_ms"] == pytest.approx(sum(l["compute_ms"] for l in burst_slow["layers"]))
 
 
 @pytest.mark.parametrize("argv,message", [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import stat
 import subprocess
@@ -158,7 +159,11 @@ CLI_CASES = [
      "algorithm 'sync-sgd' (checkpoint) vs 'sync-easgd' (this run)"),
     ("resume-other-ranks", lambda t: ["--ranks", "3", "--resume", _other_run(t / "r")],
      "ranks 2 (checkpoint) vs 3 (this run)"),
-    ("resume-no-checkpoint", lambda t: ["--resume", str(_mkdir(t / "empty"))], "has no checkpoint/latest.json"),
+    ("resume-no-checkpoint", lambda t: ["--ranks", "2", "--resume", _without(_other_run(t / "r"), "checkpoint")],
+     "has no checkpoint/latest.json"),
+    ("resume-no-config", lambda t: ["--ranks", "2", "--resume", _without(_other_run(t / "r"), "config.json")],
+     "--resume: {t}/r has no config.json"),
+    ("resume-empty", lambda t: ["--resume", str(_mkdir(t / "empty"))], "empty has no config.json"),
     ("out-holds-a-run", lambda t: ["--ranks", "2", "--out", _other_run(t / "done")], "already holds a run"),
     ("timeout-zero", lambda t: ["--timeout", "0"], "argument --timeout: must be a finite number of seconds > 0"),
     ("timeout-negative", lambda t: ["--timeout", "-5"], "argument --timeout: must be a finite number"),
@@ -178,6 +183,16 @@ CLI_CASES = [
 def _file(path: Path) -> str:
     path.write_text("not a directory")
     return str(path)
+
+
+def _without(run_dir: str, part: str) -> str:
+    """``run_dir`` with ``part`` (a file or a folder in it) removed."""
+    path = Path(run_dir) / part
+    if path.is_dir():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+    return run_dir
 
 
 def _mkdir(path: Path) -> Path:
@@ -253,6 +268,16 @@ def test_a_good_user_model_passes_and_keeps_the_callers_random_state(user_module
 def test_a_matching_checkpoint_is_accepted(tmp_path):
     from workbench.runtime.rank import checkpoint
     checkpoint.check_resume(_other_run(tmp_path / "r"), RunConfig(algorithm="sync-easgd", ranks=2, epochs=3))
+
+
+def test_a_run_folder_without_config_json_is_refused(tmp_path):
+    """Without config.json the algorithm, model and dataset cannot be compared: refused, not skipped."""
+    from workbench.runtime.rank import checkpoint
+    run_dir = _without(_other_run(tmp_path / "r", model="cnn"), "config.json")  # another model's checkpoint
+    with pytest.raises(ConfigError) as info:
+        checkpoint.check_resume(run_dir, RunConfig(algorithm="sync-easgd", ranks=2, epochs=3))
+    assert str(info.value) == (f"resume: {run_dir} has no config.json (every run writes one; without it the "
+                               f"checkpoint's algorithm, model, dataset cannot be checked): give a run directory")
 
 
 def test_compare_drops_options_an_algorithm_ignores_with_a_note(tmp_path, monkeypatch, capsys, launches):

@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from workbench.burst.execute import reference, run_plan
 from workbench.burst.graph import BurstError
-from workbench.burst.plan import LayerPlan, Plan
+from workbench.burst.plan import BurstPlan, LayerPlan
 
 torch.set_num_threads(1)
 WORLD = MPI.COMM_WORLD
@@ -40,7 +40,7 @@ WAIT = 30.0  # seconds any rank waits for a peer before its case fails
 pytestmark = pytest.mark.skipif(WORLD.Get_size() != 4, reason="the plans are written for 4 ranks")
 
 
-def make_plan(model: str, placement, batch: int = BATCH, samples: bool = True) -> Plan:
+def make_plan(model: str, placement, batch: int = BATCH, samples: bool = True) -> BurstPlan:
     """A plan by hand: per layer a width (ranks ``0..w-1``) or a tuple of ranks; equal shares."""
     layers = []
     for i, p in enumerate(placement):
@@ -48,7 +48,7 @@ def make_plan(model: str, placement, batch: int = BATCH, samples: bool = True) -
         share = batch // len(ranks)
         layers.append(LayerPlan(i, "layer", len(ranks), ranks, share, 0.0, 0.0, 0.0,
                                 samples=[(r * share, (r + 1) * share) for r in range(len(ranks))] if samples else []))
-    return Plan(model, batch, 4, "workbench", layers, 0.0, 0.0, 4)
+    return BurstPlan(model, batch, 4, "workbench", layers, 0.0, 0.0, 4)
 
 
 CASES = {  # name: (model, placement, options)

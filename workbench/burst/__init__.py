@@ -3,7 +3,7 @@
 - :mod:`.graph`: the planner's inputs, a model as a layer graph and a per-layer time table (the
   published A100 tables and model lists ship in ``data/``, MIT; notice in
   ``data/LICENSE-DeepPool.txt``); pure.
-- :mod:`.plan`: the output every part shares (:class:`~.plan.Plan`); pure.
+- :mod:`.plan`: the output every part shares (:class:`~.plan.BurstPlan`); pure.
 - :mod:`.costs`, :mod:`.planner`: the workbench's cost model and dynamic-programming planner; pure.
 - :mod:`.deeppool`: the published planner's cost model and search, reproduced decision for
   decision (``--cost-model deeppool``); pure.
@@ -12,18 +12,20 @@
 - :mod:`.profiler` (``workbench.burst.profile(model, input_shape, batch_sizes)``), :mod:`.layergraph`:
   per-layer forward/backward times of a torch model and its layer graph (torch.fx) (torch).
 - :mod:`.execute`: a plan run for real over MPI sub-communicators (torch, mpi4py in the ranks).
+- :mod:`.reference`: what such a run must equal, the single-process run on the same batches (torch).
 
 Submodules load on first use: ``import workbench.burst`` imports neither torch nor mpi4py. The
 planner is ``workbench.burst.planner.plan`` (``workbench.burst.plan`` is the module of the
-:class:`~.plan.Plan` it returns).
+:class:`~.plan.BurstPlan` it returns).
 """
 from ..lazy import lazy
 
-__getattr__, __dir__ = lazy(__name__, {
+_lazy, __dir__ = lazy(__name__, {
     "BurstError": (".graph", "BurstError"),
     "load_model": (".graph", "load_model"),
     "load_profile": (".graph", "load_profile"),
-    "Plan": (".plan", "Plan"),
+    "BurstPlan": (".plan", "BurstPlan"),
+    "ActivationTransfer": (".plan", "ActivationTransfer"),
     "plan_deeppool": (".deeppool", "plan_deeppool"),
     "profile": (".profiler", "profile"),
     "layer_graph": (".layergraph", "layer_graph"),
@@ -31,5 +33,15 @@ __getattr__, __dir__ = lazy(__name__, {
     "execute": (".execute", "execute"),
 })
 
-__all__ = ["BurstError", "Plan", "execute", "layer_graph", "load_model", "load_profile", "plan_deeppool",
-           "profile", "simulate"]
+
+def __getattr__(name: str):
+    """The lazy names; ``Plan`` and ``Transfer``, renamed ``BurstPlan`` and ``ActivationTransfer``,
+    for one more release with a DeprecationWarning (:data:`.plan.RENAMED`)."""
+    if name in ("Plan", "Transfer"):
+        from .plan import renamed
+        return renamed(name, __name__)
+    return _lazy(name)
+
+
+__all__ = ["ActivationTransfer", "BurstError", "BurstPlan", "execute", "layer_graph", "load_model", "load_profile",
+           "plan_deeppool", "profile", "simulate"]

@@ -1,8 +1,8 @@
 """The published DeepPool planner's cost model and search, reproduced decision for decision.
 
 ``plan_deeppool(model, table, batch, gpus, amplification, data_parallel)`` returns the
-:class:`~workbench.burst.plan.Plan` that seojinpark/DeepPool@7922cac ``searchBestSplitsV3`` would
-choose from the shipped A100 tables, with its ``iterMs`` / ``gpuMs`` / ``maxGpusUsed`` as
+:class:`~workbench.burst.plan.BurstPlan` that seojinpark/DeepPool@7922cac ``searchBestSplitsV3``
+would choose from the shipped A100 tables, with its ``iterMs`` / ``gpuMs`` / ``maxGpusUsed`` as
 ``iteration_ms`` / ``gpu_ms`` / ``gpus_used``. The rules, quirks included, are those of
 ``data/PLANNER_COST_MODEL.md`` (section numbers below refer to it); times are us inside, ms in the
 plan. Only the batch is split (sampleSplit=True, spatialSplit=filterSplit=False).
@@ -39,7 +39,7 @@ import math
 
 from ..checks import integer
 from .graph import BurstError, Layer, ModelGraph, ProfileTable
-from .plan import LayerPlan, Plan, Transfer, sample_ranges
+from .plan import ActivationTransfer, BurstPlan, LayerPlan, sample_ranges
 
 #: network bandwidth, bytes/us (the examples' ``netBw=2.66E5``, "2128 Gbps")
 BANDWIDTH = 2.66e5
@@ -359,13 +359,13 @@ def _check(batch, gpus, amplification, data_parallel, bandwidth, latency_us) -> 
     tried = [gpus] if data_parallel else [2 ** k for k in range(gpus.bit_length()) if 2 ** k <= batch]
     bad = [g for g in tried if batch % g]
     if bad:
-        raise BurstError(f"batch must be divisible by every GPU count tried ({', '.join(map(str, tried))}); "
-                         f"got batch {batch}, not divisible by {bad[0]} (the published int(B/2**k) would "
-                         "drop samples)")
+        raise BurstError(f"batch must be divisible by every GPU count tried ({', '.join(map(str, tried))}); got "
+                         f"batch {batch}, not divisible by {bad[0]} (the published int(B/2**k) would drop samples)")
 
 
 def plan_deeppool(model: ModelGraph, table: ProfileTable, batch: int, gpus: int, amplification: float = math.inf,
-                  data_parallel: bool = False, bandwidth: float = BANDWIDTH, latency_us: float = LATENCY_US) -> Plan:
+                  data_parallel: bool = False, bandwidth: float = BANDWIDTH,
+                  latency_us: float = LATENCY_US) -> BurstPlan:
     """The published DeepPool planner's plan for ``model`` at global ``batch`` on up to ``gpus``
     GPUs (see the module's text). ``amplification``: the limit on ``gpus * time / unsplit time``
     (``inf``: none); ``data_parallel``: the baseline with every layer on all ``gpus``."""
@@ -393,8 +393,8 @@ def plan_deeppool(model: ModelGraph, table: ProfileTable, batch: int, gpus: int,
                              sample_ranges(batch, g)))
         for pid in (p for p in layer.prev if out[p].gpus != g):   # prev ids come first (topological)
             src, sc = model.layers[pid], s.best[pid]
-            transfers.append(Transfer(pid, layer.id, out[pid].ranks, s.ranks[layer.id],
-                                      max(activation_bytes(src, layer, sc, cfg)), s.xfer(src, layer, sc, cfg) / 1000))
+            nbytes, ms = max(activation_bytes(src, layer, sc, cfg)), s.xfer(src, layer, sc, cfg) / 1000
+            transfers.append(ActivationTransfer(pid, layer.id, out[pid].ranks, s.ranks[layer.id], nbytes, ms))
     iteration = dp_time if data_parallel else final_time + over
-    return Plan(model.name, batch, gpus, "deeppool", out, iteration / 1000, usec / 1000,
-                gpus if data_parallel else top, amplification, data_parallel, transfers)
+    return BurstPlan(model.name, batch, gpus, "deeppool", out, iteration / 1000, usec / 1000,
+                     gpus if data_parallel else top, amplification, data_parallel, transfers)

@@ -1,6 +1,6 @@
-"""Run a burst-parallel :class:`~workbench.burst.plan.Plan` for real over MPI and time it.
+"""Run a burst-parallel :class:`~workbench.burst.plan.BurstPlan` for real over MPI and time it.
 
-Plan layer ``i`` is ``model[i]``, the i-th top-level child of a chain model (``mlp``,
+A plan's layer ``i`` is ``model[i]``, the i-th top-level child of a chain model (``mlp``,
 ``wide_mlp``, ``cnn`` of :func:`workbench.models.build`, on digits). Consecutive layers on the
 same ranks (so the same sample shares) form a *segment*, one autograd graph. Between segments the
 activations are redistributed point to point: each rank of the next segment gets, from each rank
@@ -35,9 +35,10 @@ import numpy as np
 from ..checks import integer
 from ..deadline import poll
 from .graph import BurstError
-from .plan import Plan, sample_ranges
+from .plan import BurstPlan, sample_ranges
+from .reference import NUM_CLASSES, NUM_FEATURES, batch_loss, batches, initial_model, sgd_step
+from .reference import reference  # noqa: F401 (the notebook and the tests import it from here)
 
-NUM_FEATURES, NUM_CLASSES = 64, 10  # the digits data: 8x8 images, 10 classes
 DTYPES = ("float32", "float64")
 ROOT = Path(__file__).resolve().parents[2]  # the folder holding the workbench package
 _FWD, _BWD = 1, 2  # tag = kind + 4 * boundary
@@ -61,7 +62,7 @@ class ExecuteError(RuntimeError):
 Segment = namedtuple("Segment", "first last ranks samples")
 
 
-def segments(plan: Plan, model_name: str, nranks: int) -> list[Segment]:
+def segments(plan: BurstPlan, model_name: str, nranks: int) -> list[Segment]:
     """The plan checked against the model and ``nranks`` (else :class:`BurstError` naming the
     layer), as segments. Missing ``samples`` are the equal shares of :func:`sample_ranges`."""
     integer("plan batch", plan.batch, 1, BurstError)
@@ -91,60 +92,6 @@ def segments(plan: Plan, model_name: str, nranks: int) -> list[Segment]:
     return out
 
 
-def batches(batch: int, steps: int, seed: int, dtype: str = "float32"):
-    """``steps`` fixed global batches ``(X, y)`` of digits' training set, drawn with a generator
-    seeded with ``seed`` (without replacement within a batch): the same on every rank."""
-    import torch
-    from ..data import digits
-    data = digits()
-    n = len(data.y_train)
-    if batch > n:
-        raise BurstError(f"batch {batch} exceeds the {n} training samples of digits")
-    gen = torch.Generator().manual_seed(seed)
-    idx = [torch.randperm(n, generator=gen)[:batch] for _ in range(steps)]
-    return [(data.X_train[i].to(getattr(torch, dtype)), data.y_train[i]) for i in idx]
-
-
-def _model(model_name: str, seed: int, dtype: str):
-    import torch
-    from ..models import build
-    torch.manual_seed(seed)
-    return build(model_name, NUM_FEATURES, NUM_CLASSES).to(getattr(torch, dtype))
-
-
-def _sgd(data, grad, buf, lr: float, momentum: float) -> None:
-    """``torch.optim.SGD`` (no dampening, no weight decay) on flat tensors."""
-    if momentum:
-        grad = buf.mul_(momentum).add_(grad)
-    data.add_(grad, alpha=-lr)
-
-
-def _loss(out, y, batch: int):
-    import torch.nn.functional as F
-    return F.cross_entropy(out, y, reduction="sum") / batch
-
-
-def reference(model_name: str, batch: int, steps: int, lr: float, seed: int, *, momentum: float = 0.0,
-              dtype: str = "float32") -> np.ndarray:
-    """The final flat weights of one process on the whole global batch (init, batches, SGD as run_plan)."""
-    import torch
-
-    from ..models import FlatParams
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        model = _model(model_name, seed, dtype)
-        flat = FlatParams(model)
-        buf = torch.zeros_like(flat.data)
-        for X, y in batches(batch, steps, seed, dtype):
-            flat.zero_grad()
-            _loss(model(X), y, batch).backward()
-            _sgd(flat.data, flat.grad, buf, lr, momentum)
-        return flat.data.numpy().copy()
-    finally:
-        torch.set_num_threads(threads)   # the caller's (a notebook's) own setting
-
-
 # -- rank side --------------------------------------------------------------------------------
 def _route(me: int, src: Segment, dst: Segment):
     """Rows moving from ``src``'s layout to ``dst``'s, as seen by rank ``me``: sends ``(peer, lo,
@@ -166,19 +113,20 @@ def _route(me: int, src: Segment, dst: Segment):
 
 
 def _wait(pairs, timeout: float, me: int, what: str) -> None:
-    """Poll ``(request, peer)`` pairs until all complete; ``TimeoutError`` naming the peers still
-    pending after ``timeout`` s."""
-    from mpi4py import MPI
-
+    """Poll ``(pending, peer)`` pairs (MPI requests or :class:`workbench.comm.Handle` s) until all
+    complete; ``TimeoutError`` naming the peers still pending after ``timeout`` s."""
+    from ..comm import Handle
     if not pairs:
         return
-    requests = [r for r, _ in pairs]
+
+    def complete(pending) -> bool:
+        return pending.test() if isinstance(pending, Handle) else pending.Test()
 
     def expired() -> TimeoutError:
-        pending = sorted({str(p) for r, p in pairs if not r.Test()})
+        late = sorted({str(p) for r, p in pairs if not complete(r)})
         return TimeoutError(f"rank {me}: {what} did not complete within {timeout:g} s; "
-                            f"still waiting on rank(s) {', '.join(map(str, pending))}")
-    poll(lambda: MPI.Request.Testall(requests), timeout, expired, spin=SPIN_S, nap=NAP_S)
+                            f"still waiting on rank(s) {', '.join(map(str, late))}")
+    poll(lambda: all([complete(r) for r, _ in pairs]), timeout, expired, spin=SPIN_S, nap=NAP_S)
 
 
 def _move(comm, route, src_rows, rows: int, shape, dtype, tag: int, timeout: float, what: str):
@@ -195,7 +143,114 @@ def _move(comm, route, src_rows, rows: int, shape, dtype, tag: int, timeout: flo
     return out
 
 
-def run_plan(plan: Plan, model_name: str, steps: int, lr: float = 0.05, seed: int = 0, comm=None, *,
+class _Rank:
+    """This rank's part of a plan: its segments' modules and flat weights, its rows of each
+    segment's samples, the routes between segments and a sub-communicator per rank set."""
+
+    def __init__(self, plan: BurstPlan, model_name: str, comm, seed: int, dtype: str, wait_timeout: float):
+        import torch
+        from mpi4py import MPI
+
+        from ..comm import NATIVE, iallreduce
+        from ..models import FlatParams
+        self.me, size, self.timeout = comm.Get_rank(), comm.Get_size(), wait_timeout
+        self.segs = segs = segments(plan, model_name, size)
+        self.dtype, self.batch, self.last = getattr(torch, dtype), plan.batch, len(segs) - 1
+        model = initial_model(model_name, seed, dtype)
+        x, self.shapes = torch.zeros(1, NUM_FEATURES, dtype=self.dtype), []  # each segment's output per sample
+        for s in segs:
+            x = model[s.first:s.last + 1](x).detach()
+            self.shapes.append(tuple(x.shape[1:]))
+        # start-up skew (imports on a loaded machine) is no failure: a longer wait before the set-up collectives
+        _wait([(comm.Ibarrier(), f"0..{size - 1}")], max(wait_timeout, 60.0), self.me, "the start barrier")
+        self.comm, self.subs = comm.Dup(), {}  # this run's messages never meet the caller's
+        for s in segs:  # one sub-communicator per distinct rank set of width > 1, created once
+            if len(s.ranks) > 1 and s.ranks not in self.subs:
+                mine = self.me in s.ranks
+                sub = self.comm.Split(0 if mine else MPI.UNDEFINED, s.ranks.index(self.me) if mine else 0)
+                self.subs[s.ranks] = sub if mine else None
+                if mine:  # iallreduce's first use on a communicator is collective: here, not mid-step
+                    _wait([(iallreduce(torch.zeros(1), sub, NATIVE), "/".join(map(str, s.ranks)))],
+                          max(wait_timeout, 60.0), self.me, "the first all-reduce")
+        self.mine = [k for k, s in enumerate(segs) if self.me in s.ranks]
+        self.modules = {k: model[segs[k].first:segs[k].last + 1] for k in self.mine}  # slices share the layers
+        self.flats = {k: FlatParams(self.modules[k]) for k in self.mine}  # weights and gradients, flat
+        self.bufs = {k: torch.zeros_like(self.flats[k].data) for k in self.mine}
+        self.starts, self.stops = zip(*[s.samples[s.ranks.index(self.me)] if self.me in s.ranks else (0, 0)
+                                        for s in segs])
+        self.rows = [b - a for a, b in zip(self.starts, self.stops)]
+        self.routes = [None] + [(_route(self.me, segs[k - 1], segs[k]), _route(self.me, segs[k], segs[k - 1]))
+                                for k in range(1, self.last + 1)]
+        self.clock = [0.0, 0.0, 0.0, 0.0]  # this step's start; its compute, transfer and sync seconds
+        self.acts: dict = {}  # segment -> (its input, its output) between forward and backward
+        self.losses: list[float] = []  # per step, my rows' share of the mean loss (if I hold the last segment)
+
+    def lap(self, i: int) -> None:
+        """Charge the time since the last lap to compute (1), transfer (2) or sync (3)."""
+        self.clock[i] += time.perf_counter() - sum(self.clock)
+
+    def forward(self, step: int, X, y):
+        """Forward through my segments (receiving and sending activations); the loss of my rows of
+        the last segment (also kept in :attr:`losses`), None if I hold none."""
+        x, loss = None, None
+        for k, seg in enumerate(self.segs):
+            if k == 0:
+                x = X[self.starts[0]:self.stops[0]] if self.rows[0] else None
+            else:
+                x = _move(self.comm, self.routes[k][0], x, self.rows[k], self.shapes[k - 1], self.dtype,
+                          _FWD + 4 * k, self.timeout, f"forward transfer into layer {seg.first} at step {step}")
+                self.lap(2)
+            if self.rows[k]:
+                out = self.modules[k](x.requires_grad_(k > 0))
+                self.acts[k], x = (x, out), out.detach()
+                if k == self.last:
+                    loss = batch_loss(out, y[self.starts[k]:self.stops[k]], self.batch)
+                    self.losses.append(loss.item())
+                self.lap(1)
+        return loss
+
+    def backward(self, step: int, loss) -> list:
+        """Backward through my segments (returning activation gradients), each segment's gradient
+        all-reduce issued when its backward ends; the ``(handle, ranks)`` pairs to wait for."""
+        from ..comm import NATIVE, iallreduce
+        reductions, grad = [], None
+        for k in range(self.last, -1, -1):
+            if self.rows[k]:
+                x, out = self.acts.pop(k)
+                if k == self.last:
+                    loss.backward()
+                elif out.requires_grad:  # d(sum(out * grad))/d(out) is grad, exactly; out.backward(grad)
+                    (out * grad).sum().backward()  # would import sympy (1.4 s a process, torch 2.13)
+                grad = x.grad if k > 0 else None
+                sub = self.subs.get(self.segs[k].ranks)
+                if sub is not None and self.flats[k].grad.numel():
+                    reductions.append((iallreduce(self.flats[k].grad, sub, NATIVE),
+                                       "/".join(map(str, self.segs[k].ranks))))  # any member may be late
+                self.lap(1)
+            if k > 0:
+                grad = _move(self.comm, self.routes[k][1], grad, self.rows[k - 1], self.shapes[k - 1], self.dtype,
+                             _BWD + 4 * k, self.timeout, f"backward transfer out of layer {self.segs[k].first} "
+                                                         f"at step {step}")
+                self.lap(2)
+        return reductions
+
+    def update(self, lr: float, momentum: float) -> None:
+        for k in self.mine:
+            sgd_step(self.flats[k].data, self.flats[k].grad, self.bufs[k], lr, momentum)
+            self.flats[k].zero_grad()
+
+    def gather(self, record: dict) -> list[dict] | None:
+        """Every rank's ``record`` on rank 0 (None elsewhere), after a barrier; the communicators freed."""
+        size = self.comm.Get_size()
+        _wait([(self.comm.Ibarrier(), f"0..{size - 1}")], self.timeout, self.me, "the final barrier")
+        everyone = self.comm.gather(record, root=0)  # every rank is here: cannot hang
+        for sub in [*self.subs.values(), self.comm]:
+            if sub is not None:
+                sub.Free()
+        return everyone
+
+
+def run_plan(plan: BurstPlan, model_name: str, steps: int, lr: float = 0.05, seed: int = 0, comm=None, *,
              momentum: float = 0.0, warmup: int = 3, dtype: str = "float32", wait_timeout: float = 60.0,
              fail=None, data=None) -> dict:
     """Train ``steps`` SGD steps of ``plan`` on the ranks of ``comm`` (default the world; collective).
@@ -210,90 +265,26 @@ def run_plan(plan: Plan, model_name: str, steps: int, lr: float = 0.05, seed: in
     injects a failure."""
     import torch
     from mpi4py import MPI
-
-    from ..models import FlatParams
     torch.set_num_threads(1)
-    comm = MPI.COMM_WORLD if comm is None else comm
-    me, size = comm.Get_rank(), comm.Get_size()
-    segs = segments(plan, model_name, size)
-    tdtype, batch, last = getattr(torch, dtype), plan.batch, len(segs) - 1
-    model = _model(model_name, seed, dtype)
-    data = batches(batch, steps, seed, dtype) if data is None else [*zip(*map(torch.as_tensor, data))]
-    x, shapes = torch.zeros(1, NUM_FEATURES, dtype=tdtype), []  # each segment's output shape per sample
-    for s in segs:
-        x = model[s.first:s.last + 1](x).detach()
-        shapes.append(tuple(x.shape[1:]))
-    # start-up skew (imports on a loaded machine) is no failure: a longer wait before the set-up collectives
-    _wait([(comm.Ibarrier(), f"0..{size - 1}")], max(wait_timeout, 60.0), me, "the start barrier")
-    comm, subs = comm.Dup(), {}  # this run's messages never meet the caller's
-    for s in segs:  # one sub-communicator per distinct rank set of width > 1, created once
-        if len(s.ranks) > 1 and s.ranks not in subs:
-            sub = comm.Split(0 if me in s.ranks else MPI.UNDEFINED, s.ranks.index(me) if me in s.ranks else 0)
-            subs[s.ranks] = sub if me in s.ranks else None
-    mine = [k for k, s in enumerate(segs) if me in s.ranks]
-    modules = {k: model[segs[k].first:segs[k].last + 1] for k in mine}  # Sequential slices share the layers
-    flats = {k: FlatParams(modules[k]) for k in mine}  # weights and gradients as flat tensors
-    bufs = {k: torch.zeros_like(flats[k].data) for k in mine}
-    starts, stops = zip(*[s.samples[s.ranks.index(me)] if me in s.ranks else (0, 0) for s in segs])
-    rows = [b - a for a, b in zip(starts, stops)]
-    routes = [None] + [(_route(me, segs[k - 1], segs[k]), _route(me, segs[k], segs[k - 1])) for k in range(1, last + 1)]
-    times, losses = {"step_ms": [], "compute_ms": [], "transfer_ms": [], "sync_ms": []}, []
-    clock = [0.0, 0.0, 0.0, 0.0]  # this step's start; its compute, transfer and sync seconds
-
-    def lap(i: int) -> None:  # charge the time since the last lap to compute (1), transfer (2) or sync (3)
-        clock[i] += time.perf_counter() - sum(clock)
+    rank = _Rank(plan, model_name, MPI.COMM_WORLD if comm is None else comm, seed, dtype, wait_timeout)
+    data = batches(plan.batch, steps, seed, dtype) if data is None else [*zip(*map(torch.as_tensor, data))]
+    times = {"step_ms": [], "compute_ms": [], "transfer_ms": [], "sync_ms": []}
     for step in range(steps):
-        if fail is not None and tuple(fail[:2]) == (me, step):
+        if fail is not None and tuple(fail[:2]) == (rank.me, step):
             time.sleep(3600 if fail[2] == "hang" else 0)
-            raise RuntimeError(f"injected failure on rank {me} at step {step}")
-        clock[:] = [time.perf_counter(), 0.0, 0.0, 0.0]
-        (X, y), acts, x, loss = data[step], {}, None, None
-        for k, seg in enumerate(segs):  # forward
-            if k == 0:
-                x = X[starts[0]:stops[0]] if rows[0] else None
-            else:
-                x = _move(comm, routes[k][0], x, rows[k], shapes[k - 1], tdtype, _FWD + 4 * k, wait_timeout,
-                          f"forward transfer into layer {seg.first} at step {step}")
-                lap(2)
-            if rows[k]:
-                out = modules[k](x.requires_grad_(k > 0))
-                acts[k], x = (x, out), out.detach()
-                if k == last:
-                    loss = _loss(out, y[starts[k]:stops[k]], batch)
-                    losses.append(loss.item())
-                lap(1)
-        reductions, grad = [], None
-        for k in range(last, -1, -1):  # backward
-            if rows[k]:
-                x, out = acts[k]
-                if k == last:
-                    loss.backward()
-                elif out.requires_grad:  # d(sum(out * grad))/d(out) is grad, exactly; out.backward(grad)
-                    (out * grad).sum().backward()  # would import sympy (1.4 s a process, torch 2.13)
-                grad = x.grad if k > 0 else None
-                if subs.get(segs[k].ranks) is not None and flats[k].grad.numel():
-                    request = subs[segs[k].ranks].Iallreduce(MPI.IN_PLACE, flats[k].grad.numpy(), op=MPI.SUM)
-                    reductions.append((request, "/".join(map(str, segs[k].ranks))))  # any member may be late
-                lap(1)
-            if k > 0:
-                grad = _move(comm, routes[k][1], grad, rows[k - 1], shapes[k - 1], tdtype, _BWD + 4 * k,
-                             wait_timeout, f"backward transfer out of layer {segs[k].first} at step {step}")
-                lap(2)
-        _wait(reductions, wait_timeout, me, f"gradient all-reduce at step {step}")
-        lap(3)
-        for k in mine:
-            _sgd(flats[k].data, flats[k].grad, bufs[k], lr, momentum)
-            flats[k].zero_grad()
-        for key, v in zip(times, (time.perf_counter() - clock[0], *clock[1:])):
+            raise RuntimeError(f"injected failure on rank {rank.me} at step {step}")
+        rank.clock[:] = [time.perf_counter(), 0.0, 0.0, 0.0]
+        loss = rank.forward(step, *data[step])
+        _wait(rank.backward(step, loss), wait_timeout, rank.me, f"gradient all-reduce at step {step}")
+        rank.lap(3)
+        rank.update(lr, momentum)
+        for key, v in zip(times, (time.perf_counter() - rank.clock[0], *rank.clock[1:])):
             times[key].append(v * 1e3)
-    record = {"rank": me, "losses": losses, "times": times,
-              "weights": {k: flats[k].data.numpy().copy() for k in mine if flats[k].numel}}
-    _wait([(comm.Ibarrier(), f"0..{size - 1}")], wait_timeout, me, "the final barrier")
-    everyone = comm.gather(record, root=0)  # every rank is here: cannot hang
-    for sub in [*subs.values(), comm]:
-        if sub is not None:
-            sub.Free()
-    return record if everyone is None else _summarise(everyone, segs, steps, warmup)
+    flats = rank.flats
+    record = {"rank": rank.me, "losses": rank.losses, "times": times,
+              "weights": {k: flats[k].data.numpy().copy() for k in rank.mine if flats[k].numel}}
+    everyone = rank.gather(record)
+    return record if everyone is None else _summarise(everyone, rank.segs, steps, warmup)
 
 
 def _summarise(everyone: list[dict], segs: list[Segment], steps: int, warmup: int) -> dict:
@@ -333,7 +324,7 @@ def _blame(exc, nranks: int) -> ExecuteError:
                         f"{why}\n" + "\n".join(body[-12:]), rank, exc.output)
 
 
-def execute(plan: Plan, model_name: str, steps: int = 20, ranks: int | None = None, timeout: float = 120.0,
+def execute(plan: BurstPlan, model_name: str, steps: int = 20, ranks: int | None = None, timeout: float = 120.0,
             **options) -> dict:
     """Run ``plan`` under ``mpiexec -n ranks`` (default ``plan.gpus``) for ``steps`` steps: rank 0's
     result of :func:`run_plan` (``weights`` a numpy array). ``options``: :data:`OPTIONS`
@@ -378,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
                             default=default)
     args = vars(parser.parse_args(argv))
     from mpi4py import MPI
-    plan = Plan.from_dict(json.loads(args.pop("plan").read_text()))
+    plan = BurstPlan.from_dict(json.loads(args.pop("plan").read_text()))
     model, steps, out = args.pop("model"), args.pop("steps"), args.pop("out")
     if args["data"]:
         with np.load(args["data"]) as arrays:

@@ -144,6 +144,47 @@ def check_graph(layers: list[Layer]) -> None:
         raise BurstError(f"model must have one input layer, layer 0; layers without prev: {roots}")
 
 
+@dataclass(frozen=True, eq=False)
+class Block:
+    """A fork layer, its branches (tuples of items: layer ids and nested blocks) and their join."""
+
+    fork: int
+    branches: tuple
+    join: int
+
+
+def structure(model: ModelGraph) -> tuple:
+    """The model as items in order (the planner's view): layer ids, a :class:`Block` between each
+    fork and its join; :class:`BurstError` unless the graph is series-parallel."""
+    layers = model.layers
+
+    def segment(lid):
+        items = []
+        while True:
+            items.append(lid)
+            nxt = layers[lid].next
+            if not nxt:
+                return items, None
+            if len(nxt) == 1:
+                if len(layers[nxt[0]].prev) > 1:
+                    return items, nxt[0]
+                lid = nxt[0]
+                continue
+            ends = [segment(n) if len(layers[n].prev) == 1 else ((), n) for n in nxt]   # () goes straight to the join
+            branches, joins = [tuple(b) for b, _ in ends], {end for _, end in ends}
+            join = joins.pop() if len(joins) == 1 else None
+            if join is None or sorted(layers[join].prev) != sorted(b[-1] if b else lid for b in branches):
+                raise BurstError(f"the branches of fork layer {lid} do not all end at one join layer; only "
+                                 f"series-parallel graphs can be planned")
+            items.append(Block(lid, tuple(branches), join))
+            lid = join
+
+    items, end = segment(0)
+    if end is not None:
+        raise BurstError(f"layer {end} joins branches that no fork opened; only series-parallel graphs can be planned")
+    return tuple(items)   # every layer is in it: each but layer 0 has an earlier input (check_graph)
+
+
 def layer_from_dict(d: dict) -> Layer:
     return Layer(int(d["id"]), str(d["type"]), dict(d.get("params", {})), tuple(int(x) for x in d.get("prev", ())),
                  tuple(int(x) for x in d.get("next", ())), _dim_in(d["inputDim"]), _dim_in(d["outputDim"]),

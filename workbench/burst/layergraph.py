@@ -24,6 +24,7 @@ params-JSON`` (sorted keys, no spaces) ``+ [b] + inputDim-JSON``.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from contextlib import contextmanager
@@ -244,8 +245,7 @@ class _Record(fx.Interpreter):
 
     def run_node(self, n: fx.Node):
         out = super().run_node(n)
-        t = _first_tensor(out)
-        kind = "tensor" if isinstance(out, torch.Tensor) else "tensors" if t is not None else None
+        kind = "tensor" if isinstance(out, torch.Tensor) else "tensors" if _first_tensor(out) is not None else None
         self.values[n] = (kind, _shape(out))
         return out
 
@@ -275,11 +275,10 @@ def _chain(model: nn.Sequential, x: torch.Tensor) -> list[tuple]:
     return specs
 
 
-def _traced(model: nn.Module, x: torch.Tensor, leaves: tuple[type, ...], name: str) -> list[tuple]:
-    """As :func:`_chain`, for a model traced by torch.fx (see the module's text)."""
-    tracer = _Tracer(leaves)
+def _trace(model: nn.Module, x: torch.Tensor, leaves: tuple[type, ...], name: str):
+    """Trace by torch.fx, run once on ``x``: the GraphModule, node -> output kind, node -> sample shape."""
     try:
-        gm = fx.GraphModule(model, tracer.trace(model), type(model).__name__)
+        gm = fx.GraphModule(model, _Tracer(leaves).trace(model), type(model).__name__)
     except Exception as exc:  # noqa: BLE001 - fx raises many kinds
         raise BurstError(f"model {name!r} ({type(model).__name__}) cannot be traced by torch.fx ({one_line(exc)}); "
                          "make it an nn.Sequential whose children are the layers, or name its untraceable "
@@ -291,9 +290,11 @@ def _traced(model: nn.Module, x: torch.Tensor, leaves: tuple[type, ...], name: s
         raise BurstError(f"model {name!r} fails on a batch of per-sample shape {tuple(x.shape[1:])}: "
                          f"{one_line(exc)}") from None
     kind, shape = ({n: v[i] for n, v in rec.values.items()} for i in (0, 1))
-    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(inputs) != 1:
-        raise BurstError(f"model {name!r} takes {len(inputs)} inputs; the profiler feeds exactly one tensor")
+    return gm, kind, shape
+
+
+def _layer_nodes(gm: fx.GraphModule, inputs: list[fx.Node], kind: dict) -> list[fx.Node]:
+    """The nodes that are layers: module calls and ops turning the input's tensors into tensors."""
     data, layers = set(inputs), []
     for n in gm.graph.nodes:
         if n.op in ("placeholder", "output", "get_attr"):
@@ -303,21 +304,29 @@ def _traced(model: nn.Module, x: torch.Tensor, leaves: tuple[type, ...], name: s
         tensor_in = any(a in data and kind.get(a) == "tensor" for a in n.all_input_nodes)
         if n.op == "call_module" or (kind.get(n) is not None and tensor_in and n.target is not getattr):
             layers.append(n)
-    is_layer = set(layers) | set(inputs)
-    memo: dict[fx.Node, list[fx.Node]] = {}
+    return layers
 
-    def sources(n: fx.Node) -> list[fx.Node]:
-        if n not in memo:
-            out = []
-            for a in n.all_input_nodes:
-                for s in ([a] if a in is_layer else [] if a.op == "get_attr" else sources(a)):
-                    if s not in out:
-                        out.append(s)
-            memo[n] = out
-        return memo[n]
 
+def _traced(model: nn.Module, x: torch.Tensor, leaves: tuple[type, ...], name: str) -> list[tuple]:
+    """As :func:`_chain`, for a model traced by torch.fx (see the module's text)."""
+    gm, kind, shape = _trace(model, x, leaves, name)
+    inputs = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(inputs) != 1:
+        raise BurstError(f"model {name!r} takes {len(inputs)} inputs; the profiler feeds exactly one tensor")
+    layers = _layer_nodes(gm, inputs, kind)
     if not layers:
         raise BurstError(f"model {name!r} has no layer (its output is its input)")
+    is_layer = set(layers) | set(inputs)
+
+    @functools.cache
+    def sources(n: fx.Node) -> list[fx.Node]:  # the layers (or the input) whose outputs ``n`` reads
+        out = []
+        for a in n.all_input_nodes:
+            for s in ([a] if a in is_layer else [] if a.op == "get_attr" else sources(a)):
+                if s not in out:
+                    out.append(s)
+        return out
+
     readers = [n for n in layers if inputs[0] in sources(n)]
     specs, index = [], {}
     if readers != [layers[0]]:          # the input feeds several layers: an identity layer 0 forks it

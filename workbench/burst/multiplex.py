@@ -1,10 +1,11 @@
 """DeepPool's GPU multiplexing (Park et al., MLSys'22; PAPERS.md §4) as a discrete-event simulation.
 
-A foreground burst-parallel :class:`~workbench.burst.plan.Plan` leaves GPUs idle between its
+A foreground burst-parallel :class:`~workbench.burst.plan.BurstPlan` leaves GPUs idle between its
 bursts; a background data-parallel job, cut into small pieces, fills those idle windows, and the
 foreground may be slowed by at most ``slowdown``::
 
-    from workbench.burst.multiplex import simulate, fill_figure
+    from workbench.burst.multiplex import simulate
+    from workbench.burst.pictures import fill_figure
     r = simulate(plan, background_piece_ms=16.9, piece_ms=0.5, slowdown=1.1, baseline=dp_plan)
     r.ratio, r.foreground_throughput, r.background_throughput; fill_figure(r).show()
 
@@ -62,10 +63,10 @@ background job's gradient sync is *not* charged (assumed hidden in its own idle 
 asynchronously: an optimistic bound). Background throughput = samples of the pieces run
 (``background_batch / n`` per piece, partial steps pro rata; ``background_steps`` counts whole
 ones) / wall time. Total = foreground + background samples/s (the two jobs' samples summed as
-they are). ``ratio`` = total / ``baseline`` throughput: a :class:`Plan` (plain data parallelism of
+they are). ``ratio`` = total / ``baseline`` throughput: a :class:`BurstPlan` (plain data parallelism of
 the foreground job: ``batch / iteration_ms``), samples/s, or None (the foreground plan unmultiplexed).
 
-Pure Python: no torch, no MPI (plotly only in :func:`fill_figure`).
+Pure Python: no torch, no MPI (plotly only in :func:`~workbench.burst.pictures.fill_figure`).
 """
 from __future__ import annotations
 
@@ -76,7 +77,8 @@ from dataclasses import dataclass
 
 from ..checks import integer
 from .graph import BurstError
-from .plan import Plan
+from .pictures import fill_figure  # noqa: F401 (the figure lives with the others; imported from here too)
+from .plan import BurstPlan
 
 OPEN, CLOSE = 0, 1
 #: the overrun allowances tried are multiples of this fraction of the planned iteration
@@ -163,7 +165,7 @@ def _number(name: str, value, low: float = 0.0, strict: bool = True) -> float:
     return v
 
 
-def busy_spans(plan: Plan) -> dict[int, list[tuple[float, float, tuple[int, ...]]]]:
+def busy_spans(plan: BurstPlan) -> dict[int, list[tuple[float, float, tuple[int, ...]]]]:
     """GPU -> its foreground spans ``(start, end, layers)`` in one iteration: one per layer
     (transfer to sync), overlapping ones merged, sorted; checks the plan's times."""
     T = _number("foreground.iteration_ms", plan.iteration_ms)
@@ -200,16 +202,17 @@ class _GPU:
 
 class _Sim:
     def __init__(self, spans, T, K, q, s, budget) -> None:
-        self.T, self.K, self.q, self.s, self.budget = T, K, q, s, budget
+        #: the planned iteration, iterations, a piece's length, a switch's cost, the overrun allowance (ms)
+        self.period, self.iterations, self.piece, self.switch, self.budget = T, K, q, s, budget
         self.tol = 1e-9 * max(1.0, T)
-        self.D, self.realised, self.next_break = 0.0, [0.0] * K, math.inf
+        self.delay, self.realised, self.next_break = 0.0, [0.0] * K, math.inf  # delay: the foreground's so far
         self.pieces: list[Piece] = []
         self.foreground: list[Span] = []
         self.seq = itertools.count()
         self.fg: list = []  # (planned, OPEN|CLOSE, gpu, window)
         self.bg: list = []  # (wall end, seq, gpu)
         self.wins: dict[int, list[tuple[float, float, tuple[int, ...] | None, int]]] = {}
-        self.st = {g: _GPU() for g in spans}
+        self.gpus = {g: _GPU() for g in spans}
         for g, sp in spans.items():
             ws: list = []
             t = None  # end of the previous span
@@ -217,7 +220,7 @@ class _Sim:
                 for a, b, lids in sp:
                     a, b = a + k * T, b + k * T
                     if t is None and a <= self.tol:
-                        self.st[g].fg_since, self.st[g].fg_layers = 0.0, lids
+                        self.gpus[g].fg_since, self.gpus[g].fg_layers = 0.0, lids
                     else:
                         ws.append((0.0 if t is None else t, a, lids))
                     t = b
@@ -230,26 +233,26 @@ class _Sim:
         heapq.heapify(self.fg)
 
     def iteration_of(self, planned: float) -> int:
-        return min(self.K - 1, max(0, math.ceil(planned / self.T - 1e-9) - 1))
+        return min(self.iterations - 1, max(0, math.ceil(planned / self.period - 1e-9) - 1))
 
     def pending(self, g: int) -> float:
-        st = self.st[g]
+        st = self.gpus[g]
         if st.mode != "window" or not st.ran:
             return 0.0
-        return max(0.0, st.last_end + self.s - (self.wins[g][st.win][1] + self.D))
+        return max(0.0, st.last_end + self.switch - (self.wins[g][st.win][1] + self.delay))
 
     def try_start(self, g: int, now: float) -> None:
-        st = self.st[g]
+        st = self.gpus[g]
         if st.mode != "window" or st.running:
             return
         po, pc, _, k = self.wins[g][st.win]
-        start = now if st.ran else now + self.s
-        if start >= pc + self.D - self.tol:  # the foreground is due: no idle time left to start in
+        start = now if st.ran else now + self.switch
+        if start >= pc + self.delay - self.tol:  # the foreground is due: no idle time left to start in
             return
-        end = start + self.q
-        over = end + self.s - (pc + self.D)
+        end = start + self.piece
+        over = end + self.switch - (pc + self.delay)
         if over > self.tol:
-            others = sum(self.pending(h) for h, o in self.st.items()
+            others = sum(self.pending(h) for h, o in self.gpus.items()
                          if h != g and o.ran and o.mode == "window" and self.wins[h][o.win][3] == k)
             if self.realised[k] + others + over > self.budget + self.tol:
                 self.next_break = min(self.next_break, self.realised[k] + others + over)
@@ -260,17 +263,17 @@ class _Sim:
 
     def run(self) -> None:
         while self.fg:
-            if self.bg and self.bg[0][0] <= self.fg[0][0] + self.D + self.tol:  # piece ends first on ties
+            if self.bg and self.bg[0][0] <= self.fg[0][0] + self.delay + self.tol:  # piece ends first on ties
                 end, _, g = heapq.heappop(self.bg)
-                st = self.st[g]
+                st = self.gpus[g]
                 st.running, st.done = False, st.done + 1
                 self.try_start(g, end)
                 continue
             p, kind, g, i = self.fg[0]
-            now = p + self.D
+            now = p + self.delay
             if kind == OPEN:
                 heapq.heappop(self.fg)
-                st = self.st[g]
+                st = self.gpus[g]
                 if st.fg_since is not None:
                     self.foreground.append(Span(g, st.fg_since, now, st.fg_layers))
                 st.mode, st.win, st.ran, st.fg_since = "window", i, False, None
@@ -279,17 +282,17 @@ class _Sim:
             batch = []
             while self.fg and self.fg[0][1] == CLOSE and self.fg[0][0] <= p + self.tol:
                 batch.append(heapq.heappop(self.fg))
-            ready = max((self.st[h].last_end + self.s for _, _, h, _ in batch if self.st[h].ran), default=now)
+            ready = max((self.gpus[h].last_end + self.switch for _, _, h, _ in batch if self.gpus[h].ran), default=now)
             if ready - now > self.tol:  # a GPU still runs (or switches back from) background work
-                self.D += ready - now
+                self.delay += ready - now
                 self.realised[self.iteration_of(p)] += ready - now
                 for item in batch:
                     heapq.heappush(self.fg, item)
-                for h in self.st:  # every idle window just grew
+                for h in self.gpus:  # every idle window just grew
                     self.try_start(h, now)
                 continue
             for _, _, h, j in batch:
-                st = self.st[h]
+                st = self.gpus[h]
                 after = self.wins[h][j][2]
                 st.mode = "done" if after is None else "fg"
                 st.fg_since, st.fg_layers = (None, ()) if after is None else (now, after)
@@ -302,14 +305,36 @@ def background_step_ms(model, table, batch: int) -> float:
     return sum(row.avg_us for layer in model.layers if (row := table.get(layer, batch)) is not None) / 1000
 
 
-def simulate(foreground: Plan, background_piece_ms: float, piece_ms: float = 0.5, slowdown: float = 1.1,
+def _best_schedule(spans, T: float, K: int, q: float, s: float, budget: float, samples: tuple, objective: str):
+    """Simulate the distinct schedules of the allowances ``j * grid <= budget`` (``grid``: the
+    :data:`ALLOWANCE_GRID` share of ``T``); the best for ``objective``, its allowance and the number
+    of schedules run. ``samples``: (background samples a step, pieces a step, foreground batch)."""
+    bgb, n, batch = samples
+    grid, j, best, runs = ALLOWANCE_GRID * T, 0, None, 0
+    while True:
+        run = _Sim(spans, T, K, q, s, j * grid)
+        run.run()
+        runs += 1
+        work = sum(st.done for st in run.gpus.values()) * bgb / n
+        score = work / (K * T + run.delay) + (K * batch / (K * T + run.delay) if objective == "total" else 0.0)
+        if best is None or score > best[0] * (1 + 1e-12):
+            best = (score, run, j * grid)
+        if run.next_break > budget + run.tol or runs >= MAX_RUNS:
+            break
+        j = max(j + 1, math.ceil(run.next_break / grid - 1e-9))  # the same schedule up to next_break
+        if j * grid > budget + run.tol:
+            break
+    return best[1], best[2], runs
+
+
+def simulate(foreground: BurstPlan, background_piece_ms: float, piece_ms: float = 0.5, slowdown: float = 1.1,
              iterations: int = 10, switch_ms: float = 0.0, *, background_batch: float | None = None,
-             baseline: Plan | float | None = None, objective: str = "background") -> MultiplexResult:
+             baseline: BurstPlan | float | None = None, objective: str = "background") -> MultiplexResult:
     """Multiplex a background job (one per-GPU step of ``background_piece_ms``, cut into pieces of
     at most ``piece_ms``) into the idle windows of ``foreground`` for ``iterations`` iterations,
     each at most ``slowdown`` times its planned time (see the module's text)."""
-    if not isinstance(foreground, Plan):
-        raise BurstError(f"foreground must be a Plan; got {type(foreground).__name__}")
+    if not isinstance(foreground, BurstPlan):
+        raise BurstError(f"foreground must be a BurstPlan; got {type(foreground).__name__}")
     step = _number("background_piece_ms", background_piece_ms)
     most = _number("piece_ms", piece_ms)
     bound = _number("slowdown", slowdown, low=1.0, strict=False)
@@ -322,7 +347,7 @@ def simulate(foreground: Plan, background_piece_ms: float, piece_ms: float = 0.5
     if background_batch is None:
         background_batch = foreground.batch / max(1, foreground.gpus)
     bgb = _number("background_batch", background_batch)
-    if isinstance(baseline, Plan):
+    if isinstance(baseline, BurstPlan):
         base = _number("baseline.batch", baseline.batch) * 1e3 / _number(
             "baseline.iteration_ms", baseline.iteration_ms)
     elif baseline is None:
@@ -331,24 +356,11 @@ def simulate(foreground: Plan, background_piece_ms: float, piece_ms: float = 0.5
         base = _number("baseline", baseline)
     n = max(1, math.ceil(step / most - 1e-9))
     q = step / n
-    budget, grid, j, sim, runs = (bound - 1.0) * T, ALLOWANCE_GRID * T, 0, None, 0
-    while True:  # each distinct schedule for the allowances j * grid <= budget; keep the best
-        run = _Sim(spans, T, K, q, s, j * grid)
-        run.run()
-        runs += 1
-        work = sum(st.done for st in run.st.values()) * bgb / n
-        score = work / (K * T + run.D) + (K * foreground.batch / (K * T + run.D) if objective == "total" else 0.0)
-        if sim is None or score > best * (1 + 1e-12):
-            sim, best, chosen = run, score, j * grid
-        if run.next_break > budget + run.tol or runs >= MAX_RUNS:
-            break
-        j = max(j + 1, math.ceil(run.next_break / grid - 1e-9))  # the same schedule up to next_break
-        if j * grid > budget + run.tol:
-            break
-    wall = K * T + sim.D
+    sim, chosen, runs = _best_schedule(spans, T, K, q, s, (bound - 1.0) * T, (bgb, n, foreground.batch), objective)
+    wall = K * T + sim.delay
     times = [T + d for d in sim.realised]
     foreground_rate = foreground.batch * 1e3 * K / wall
-    done = {g: st.done for g, st in sim.st.items()}
+    done = {g: st.done for g, st in sim.gpus.items()}
     background_rate = bgb / n * sum(done.values()) * 1e3 / wall
     busy = {g: sum(b - a for a, b, _ in sp) for g, sp in spans.items()}
     bg_ms = {g: 0.0 for g in spans}
@@ -364,36 +376,3 @@ def simulate(foreground: Plan, background_piece_ms: float, piece_ms: float = 0.5
         background_rate=bgb * 1e3 / step, switch_ms=s, utilisation_before={g: busy[g] / T for g in spans},
         utilisation_after={g: (K * busy[g] + bg_ms[g]) / wall for g in spans},
         background_steps={g: d // n for g, d in done.items()}, pieces=sim.pieces, foreground=sim.foreground)
-
-
-def fill_figure(result: MultiplexResult, title: str | None = None):
-    """Per-GPU timeline (plotly): foreground spans, background pieces and idle time."""
-    import plotly.graph_objects as go
-
-    rows = {g: f"GPU {g}" for g in sorted(result.utilisation_before)}
-    fig = go.Figure()
-
-    def bars(items, name, color, text):
-        items = list(items)
-        fig.add_trace(go.Bar(orientation="h", name=name, marker_color=color, y=[rows[i[0]] for i in items],
-                             base=[i[1] for i in items], x=[i[2] - i[1] for i in items],
-                             hovertext=[text(i) for i in items], hoverinfo="text"))
-
-    fg = [(s.gpu, s.start_ms, s.end_ms, s.layers) for s in result.foreground]
-    bg = [(p.gpu, p.start_ms, p.end_ms, p.overrun_ms) for p in result.pieces]
-    idle = []
-    for g in rows:
-        t = 0.0
-        for _, a, b, _ in sorted((i for i in fg + bg if i[0] == g), key=lambda i: (i[1], i[2])):
-            if a > t + 1e-9:
-                idle.append((g, t, a, None))
-            t = max(t, b)
-        if result.wall_ms > t + 1e-9:
-            idle.append((g, t, result.wall_ms, None))
-    bars(fg, "foreground", "#1f77b4", lambda i: f"layers {', '.join(map(str, i[3]))}: {i[1]:.3f}-{i[2]:.3f} ms")
-    bars(bg, "background", "#ff7f0e", lambda i: f"piece {i[1]:.3f}-{i[2]:.3f} ms, overrun {i[3]:.3f} ms")
-    bars(idle, "idle", "#dddddd", lambda i: f"idle {i[1]:.3f}-{i[2]:.3f} ms")
-    fig.update_layout(barmode="overlay", title=title or f"multiplexing: {result.ratio:.2f}x the baseline",
-                      xaxis_title="ms", yaxis=dict(autorange="reversed", categoryorder="array",
-                                                   categoryarray=list(rows.values())), bargap=0.3)
-    return fig

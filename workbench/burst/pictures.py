@@ -3,25 +3,30 @@
     from workbench.burst.pictures import plan_figure, widths_figure
     plan_figure(plan)                        # one iteration per GPU: transfer, compute, sync, idle
     widths_figure({"A=1.5": p1, "A=2": p2, "data parallel": dp})   # GPUs per layer, side by side
+    fill_figure(simulate(plan, 5.0))         # multiplex.simulate: foreground, background pieces, idle
 """
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from .plan import Plan
+from .plan import BurstPlan
+
+if TYPE_CHECKING:
+    from .multiplex import MultiplexResult
 
 #: colours of the three kinds of busy time and of idle time
 COLOURS = {"transfer": "#ff7f0e", "compute": "#1f77b4", "sync": "#2ca02c", "idle": "#e6e6e6"}
 
 
-def _limit(plan: Plan) -> str:
+def _limit(plan: BurstPlan) -> str:
     if plan.data_parallel:
         return "data parallel"
     a = plan.amplification
     return "no amplification limit" if a is None or math.isinf(a) else f"amplification <= {a:g}"
 
 
-def plan_figure(plan: Plan, title: str | None = None, min_idle_ms: float = 0.0):
+def plan_figure(plan: BurstPlan, title: str | None = None, min_idle_ms: float = 0.0):
     """A per-GPU Gantt chart of one iteration: a row per GPU of the job (GPU 0 on top), a bar per
     layer's transfer in, compute and gradient sync on each of its GPUs, idle windows in grey
     (those shorter than ``min_idle_ms`` left out). Hover a bar for the layer, its width and times."""
@@ -87,4 +92,37 @@ def widths_figure(plans: dict, title: str | None = None):
                       barmode="group", bargap=0.2, xaxis_title="layer", yaxis_title="GPUs",
                       legend=dict(orientation="h", y=-0.35), height=460)
     fig.update_yaxes(type="log", tickvals=ticks, ticktext=[str(t) for t in ticks], range=[-0.1, math.log10(top) + 0.1])
+    return fig
+
+
+def fill_figure(result: MultiplexResult, title: str | None = None):
+    """Per-GPU timeline (plotly): foreground spans, background pieces and idle time."""
+    import plotly.graph_objects as go
+
+    rows = {g: f"GPU {g}" for g in sorted(result.utilisation_before)}
+    fig = go.Figure()
+
+    def bars(items, name, color, text):
+        items = list(items)
+        fig.add_trace(go.Bar(orientation="h", name=name, marker_color=color, y=[rows[i[0]] for i in items],
+                             base=[i[1] for i in items], x=[i[2] - i[1] for i in items],
+                             hovertext=[text(i) for i in items], hoverinfo="text"))
+
+    fg = [(s.gpu, s.start_ms, s.end_ms, s.layers) for s in result.foreground]
+    bg = [(p.gpu, p.start_ms, p.end_ms, p.overrun_ms) for p in result.pieces]
+    idle = []
+    for g in rows:
+        t = 0.0
+        for _, a, b, _ in sorted((i for i in fg + bg if i[0] == g), key=lambda i: (i[1], i[2])):
+            if a > t + 1e-9:
+                idle.append((g, t, a, None))
+            t = max(t, b)
+        if result.wall_ms > t + 1e-9:
+            idle.append((g, t, result.wall_ms, None))
+    bars(fg, "foreground", "#1f77b4", lambda i: f"layers {', '.join(map(str, i[3]))}: {i[1]:.3f}-{i[2]:.3f} ms")
+    bars(bg, "background", "#ff7f0e", lambda i: f"piece {i[1]:.3f}-{i[2]:.3f} ms, overrun {i[3]:.3f} ms")
+    bars(idle, "idle", "#dddddd", lambda i: f"idle {i[1]:.3f}-{i[2]:.3f} ms")
+    fig.update_layout(barmode="overlay", title=title or f"multiplexing: {result.ratio:.2f}x the baseline",
+                      xaxis_title="ms", yaxis=dict(autorange="reversed", categoryorder="array",
+                                                   categoryarray=list(rows.values())), bargap=0.3)
     return fig

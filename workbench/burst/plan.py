@@ -3,11 +3,11 @@ its share of the global batch is split, and what it is predicted to cost; the ac
 transfers between layers of different widths; and the iteration as a per-GPU timeline.
 
 Both cost models (``workbench``, :mod:`workbench.burst.planner`; ``deeppool``,
-:mod:`workbench.burst.deeppool`) return a :class:`Plan`; the executor
+:mod:`workbench.burst.deeppool`) return a :class:`BurstPlan`; the executor
 (:mod:`workbench.burst.execute`), the multiplexing simulation (:mod:`workbench.burst.multiplex`)
 and ``workbench plan --json`` read it. Times are milliseconds.
 
-JSON (``Plan.to_dict``; the contract of ``workbench plan --json``)::
+JSON (``BurstPlan.to_dict``; the contract of ``workbench plan --json``)::
 
     {"iteration_ms", "gpu_ms", "gpus_used", "model", "batch", "gpus", "cost_model", "amplification",
      "data_parallel", "layers": [{"id", "type", "gpus", "ranks", "batch_per_gpu", "samples",
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -70,7 +71,7 @@ class LayerPlan:
 
 
 @dataclass
-class Transfer:
+class ActivationTransfer:
     """Activations (and, in backward, their gradients) moving from layer ``src`` on
     ``src_ranks`` to layer ``dst`` on ``dst_ranks``: ``bytes`` one way, ``ms`` both ways."""
 
@@ -100,7 +101,7 @@ class Busy:
 
 
 @dataclass
-class Plan:
+class BurstPlan:
     """A plan for one iteration (see the module's text)."""
 
     model: str
@@ -113,7 +114,7 @@ class Plan:
     gpus_used: int
     amplification: float | None = None
     data_parallel: bool = False
-    transfers: list[Transfer] = field(default_factory=list)
+    transfers: list[ActivationTransfer] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.cost_model not in COST_MODELS:
@@ -178,12 +179,31 @@ class Plan:
         return path
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Plan":
+    def from_dict(cls, d: dict) -> "BurstPlan":
         layers = [LayerPlan(**{**l, "ranks": tuple(l["ranks"]), "samples": [tuple(s) for s in l.get("samples", [])]})
                   for l in d["layers"]]
-        transfers = [Transfer(**{**t, "src_ranks": tuple(t["src_ranks"]), "dst_ranks": tuple(t["dst_ranks"])})
-                     for t in d.get("transfers", [])]
+        transfers = [ActivationTransfer(**{**t, "src_ranks": tuple(t["src_ranks"]),
+                                           "dst_ranks": tuple(t["dst_ranks"])}) for t in d.get("transfers", [])]
         amp = d.get("amplification")
         amp = math.inf if amp == "inf" else amp
         return cls(d["model"], d["batch"], d["gpus"], d["cost_model"], layers, d["iteration_ms"], d["gpu_ms"],
                    d["gpus_used"], amp, d.get("data_parallel", False), transfers)
+
+
+#: the classes' names before issue 23 (``Plan``: also ``vcluster.plan.Plan``, ``comm.executor.Plan``;
+#: ``Transfer``: also ``schedules.Transfer``), importable for one release with a DeprecationWarning
+RENAMED = {"Plan": "BurstPlan", "Transfer": "ActivationTransfer"}
+
+
+def renamed(name: str, where: str = __name__):
+    """The class once called ``name`` (a key of :data:`RENAMED`), with a DeprecationWarning."""
+    new = RENAMED[name]
+    warnings.warn(f"{where}.{name} is deprecated: it is {new} now (import it from workbench.burst); the old "
+                  f"name goes in the next release", DeprecationWarning, stacklevel=3)
+    return globals()[new]
+
+
+def __getattr__(name: str):
+    if name in RENAMED:
+        return renamed(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

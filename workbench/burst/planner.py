@@ -38,133 +38,138 @@ Pure Python: no torch, no MPI.
 from __future__ import annotations
 
 import math
-from collections import namedtuple
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .costs import BoundCosts, CostModel
-from .graph import DATA, BurstError, ModelGraph, ProfileTable, load_model, load_profile
-from .plan import LayerPlan, Plan, Transfer, sample_ranges
+from .graph import DATA, Block, BurstError, ModelGraph, ProfileTable, load_model, load_profile, structure
+from .plan import ActivationTransfer, BurstPlan, LayerPlan, sample_ranges
 
 _EPS = 1e-9
-
-
-@dataclass(frozen=True, eq=False)
-class Block:
-    """A fork layer, its branches (tuples of items: layer ids and nested blocks) and their join."""
-
-    fork: int
-    branches: tuple
-    join: int
-
-
-def structure(model: ModelGraph) -> tuple:
-    """The model as items in order: layer ids, a :class:`Block` between each fork and its join."""
-    layers = model.layers
-
-    def segment(lid):
-        items = []
-        while True:
-            items.append(lid)
-            nxt = layers[lid].next
-            if not nxt:
-                return items, None
-            if len(nxt) == 1:
-                if len(layers[nxt[0]].prev) > 1:
-                    return items, nxt[0]
-                lid = nxt[0]
-                continue
-            ends = [segment(n) if len(layers[n].prev) == 1 else ((), n) for n in nxt]   # () goes straight to the join
-            branches, joins = [tuple(b) for b, _ in ends], {end for _, end in ends}
-            join = joins.pop() if len(joins) == 1 else None
-            if join is None or sorted(layers[join].prev) != sorted(b[-1] if b else lid for b in branches):
-                raise BurstError(f"the branches of fork layer {lid} do not all end at one join layer; only "
-                                 f"series-parallel graphs can be planned")
-            items.append(Block(lid, tuple(branches), join))
-            lid = join
-
-    items, end = segment(0)
-    if end is not None:
-        raise BurstError(f"layer {end} joins branches that no fork opened; only series-parallel graphs can be planned")
-    return tuple(items)   # every layer is in it: each but layer 0 has an earlier input (check_graph)
 
 
 def _pow2_up(x: int) -> int:
     return 1 << (max(1, x) - 1).bit_length()
 
 
-#: one branch planned alone: its items and DP tables, last width, time and GPU time (us) when on
-#: ranks 0.. like its fork, first width and the transfer into it there, GPUs it needs (a power of 2)
-_BranchPlan = namedtuple("_BranchPlan", "items tables last_w time gpu first_w first_tr footprint")
-#: a block's branches placed: [(branch plan, rank offset, start, time, first transfer, GPU time)],
-#: the slowest's end, the join's transfer, block time (to the join's end), GPU time, GPUs used
-_Arrangement = namedtuple("_Arrangement", "placed makespan join_tr time gpu footprint")
+class Cell(NamedTuple):
+    """One entry of the dynamic program: the best way to end an item at one width, in us."""
+
+    time: float               #: from the chain's start to this layer's end
+    gpu: float                #: GPU time (width x time, summed) to this layer's end
+    prev_width: int | None    #: the previous layer's (or the fork's) width on this path; None: the chain's start
+    transfer: float           #: the transfer into this layer
+    arrangement: "Arrangement | None" = None   #: a join: how the block before it was run
+
+
+class BranchPlan(NamedTuple):
+    """One branch planned alone, as if on ranks 0.. like its fork (times in us)."""
+
+    items: tuple
+    tables: list              #: per item, width -> :class:`Cell` (None for a block)
+    last_width: int
+    time: float
+    gpu: float
+    first_width: int
+    first_transfer: float     #: the transfer from the fork into its first layer
+    footprint: int            #: the GPUs it needs, a power of two
+
+
+class Placement(NamedTuple):
+    """A branch on ranks ``offset..``: start, time, transfer from the fork (for this place), GPU time."""
+
+    branch: BranchPlan
+    offset: int
+    start: float
+    time: float
+    first_transfer: float
+    gpu: float
+
+
+class Arrangement(NamedTuple):
+    """A block's branches placed, the slowest's end, the join's transfer, time to the join's end, GPUs."""
+
+    placed: list[Placement]
+    makespan: float
+    join_transfer: float
+    time: float
+    gpu: float
+    footprint: int
 
 
 class _Planner:
     def __init__(self, model: ModelGraph, costs: BoundCosts, widths: list[int], limit: float):
-        self.model, self.c, self.W, self.limit = model, costs, widths, limit
-        self._seg, self._blk = {}, {}
+        self.model, self.costs, self.widths, self.limit = model, costs, widths, limit
+        self._segments, self._blocks = {}, {}
 
     @staticmethod
-    def ranks(offset: int, w: int) -> tuple[int, ...]:
-        return tuple(range(offset, offset + w))
+    def ranks(offset: int, width: int) -> tuple[int, ...]:
+        return tuple(range(offset, offset + width))
 
-    def own(self, lid: int, w: int) -> float:
-        return self.c.compute(lid, w) + self.c.sync(lid, w)
+    def own(self, lid: int, width: int) -> float:
+        return self.costs.compute(lid, width) + self.costs.sync(lid, width)
 
-    def ok(self, lid: int, w: int, time: float) -> bool:
-        if self.limit == math.inf or self.c.exempt(lid):
+    def ok(self, lid: int, width: int, time: float) -> bool:
+        if self.limit == math.inf or self.costs.exempt(lid):
             return True
-        return self.c.amplification(lid, w, time) <= self.limit * (1 + _EPS)
+        return self.costs.amplification(lid, width, time) <= self.limit * (1 + _EPS)
 
     # -- dynamic program over one chain of items ------------------------------------------
 
     def segment(self, items, budget: int, entry) -> list:
-        """Per item, a table width -> (time, gpu, prev width, transfer in, arrangement or None);
-        ``entry``: None (the model's input) or ``(fork, s)``."""
+        """Per item, a table width -> :class:`Cell` (None for a block); ``entry``: None (the
+        model's input) or ``(fork, fork width)``."""
         key = (id(items), budget, entry)
-        if key in self._seg:
-            return self._seg[key][1]
-        widths = [w for w in self.W if w <= budget]
-        tables, prev, block = [], None, None
-        for it in items:
-            if isinstance(it, Block):
-                block = it
+        if key in self._segments:
+            return self._segments[key][1]
+        widths = [w for w in self.widths if w <= budget]
+        tables, prev = [], None
+        for i, item in enumerate(items):
+            if isinstance(item, Block):
                 tables.append(None)
                 continue
-            lid, tab = it, {}
-            if block is not None:
-                ptab = tables[-2]
-                for j in widths:
-                    best = None
-                    for s, st in ptab.items():
-                        arr = self.block(block, s, j, budget)
-                        if arr is not None:
-                            cand = (st[0] + arr.time, st[1] + arr.gpu)
-                            if best is None or cand < best[:2]:
-                                best = (cand[0], cand[1], s, arr.join_tr, arr)
-                    if best is not None:
-                        tab[j] = best
-                block = None
-            else:   # the model's input (no transfer), the fork (a branch's first layer) or the previous layer
-                src = prev if prev is not None else entry and entry[0]
-                ptab = tables[-1] if prev is not None else {None if entry is None else entry[1]: (0.0, 0.0)}
-                for w in widths:
-                    own, best = self.own(lid, w), None
-                    for wp, st in ptab.items():
-                        tr = 0.0 if wp is None or wp == w and prev is not None else \
-                            self.c.act(src, self.ranks(0, wp), self.ranks(0, w))
-                        t = tr + own
-                        if self.ok(lid, w, t):
-                            cand = (st[0] + t, st[1] + w * t)
-                            if best is None or cand < best[:2]:
-                                best = (cand[0], cand[1], wp if prev is not None else None, tr, None)
-                    if best is not None:
-                        tab[w] = best
-            tables.append(tab)
-            prev = lid
-        self._seg[key] = (items, tables)   # items kept alive: the key holds their id
+            if i and isinstance(items[i - 1], Block):   # a join: after the block, from the fork's table
+                tables.append(self._join_cells(items[i - 1], tables[-2], widths, budget))
+            else:
+                tables.append(self._layer_cells(item, prev, tables[-1] if prev is not None else None, entry, widths))
+            prev = item
+        self._segments[key] = (items, tables)   # items kept alive: the key holds their id
         return tables
+
+    def _join_cells(self, block: Block, fork_cells: dict, widths: list[int], budget: int) -> dict:
+        """A join's table: per join width, the best fork width and arrangement of the block."""
+        table = {}
+        for j in widths:
+            best = None
+            for s, before in fork_cells.items():
+                arrangement = self.block(block, s, j, budget)
+                if arrangement is not None:
+                    cell = Cell(before.time + arrangement.time, before.gpu + arrangement.gpu, s,
+                                arrangement.join_transfer, arrangement)
+                    if best is None or (cell.time, cell.gpu) < (best.time, best.gpu):
+                        best = cell
+            if best is not None:
+                table[j] = best
+        return table
+
+    def _layer_cells(self, lid: int, prev: int | None, prev_cells: dict | None, entry, widths: list[int]) -> dict:
+        """A layer's table after the previous layer (``prev``), the fork (``entry``) or the model's input."""
+        src = prev if prev is not None else entry and entry[0]
+        if prev_cells is None:   # no transfer from the model's input; the fork's width from ``entry``
+            prev_cells = {None if entry is None else entry[1]: Cell(0.0, 0.0, None, 0.0)}
+        table = {}
+        for w in widths:
+            own, best = self.own(lid, w), None
+            for wp, before in prev_cells.items():
+                transfer = 0.0 if wp is None or wp == w and prev is not None else \
+                    self.costs.act(src, self.ranks(0, wp), self.ranks(0, w))
+                t = transfer + own
+                if self.ok(lid, w, t):
+                    cell = Cell(before.time + t, before.gpu + w * t, wp if prev is not None else None, transfer)
+                    if best is None or (cell.time, cell.gpu) < (best.time, best.gpu):
+                        best = cell
+            if best is not None:
+                table[w] = best
+        return table
 
     @staticmethod
     def backtrack(items, tables, w_last: int) -> dict:
@@ -173,7 +178,7 @@ class _Planner:
         while p >= 0:
             out[p] = w
             step = 2 if p >= 1 and isinstance(items[p - 1], Block) else 1
-            w = tables[p][w][2]
+            w = tables[p][w].prev_width
             p -= step
         return out
 
@@ -181,44 +186,44 @@ class _Planner:
         widths = self.backtrack(items, tables, w_last)
         f = max(widths.values())
         for p, w in widths.items():
-            arr = tables[p][w][4]
-            if arr is not None:
-                f = max(f, arr.footprint)
+            arrangement = tables[p][w].arrangement
+            if arrangement is not None:
+                f = max(f, arrangement.footprint)
         return _pow2_up(f)
 
     # -- branches ----------------------------------------------------------------------------
 
-    def branch(self, items, fork: int, s: int, cap: int, j: int) -> _BranchPlan | None:
+    def branch(self, items, fork: int, s: int, cap: int, j: int) -> BranchPlan | None:
         tables = self.segment(items, cap, (fork, s))
         last, best = items[-1], None
-        for w, st in tables[-1].items():
-            edge = self.c.act(last, self.ranks(0, w), self.ranks(0, j))
-            cand = (st[0] + edge, st[1] + j * edge)
+        for w, cell in tables[-1].items():
+            edge = self.costs.act(last, self.ranks(0, w), self.ranks(0, j))
+            cand = (cell.time + edge, cell.gpu + j * edge)
             if best is None or cand < best[0]:
-                best = (cand, w, st)
+                best = (cand, w, cell)
         if best is None:
             return None
-        _, w, st = best
+        _, w, cell = best
         first_w = self.backtrack(items, tables, w)[0]
-        return _BranchPlan(items, tables, w, st[0], st[1], first_w, tables[0][first_w][3],
-                           self.footprint(items, tables, w))
+        return BranchPlan(items, tables, w, cell.time, cell.gpu, first_w, tables[0][first_w].transfer,
+                          self.footprint(items, tables, w))
 
-    def at(self, bp: _BranchPlan, fork: int, s: int, offset: int):
+    def at(self, bp: BranchPlan, fork: int, s: int, offset: int):
         """(time, gpu, first transfer) of a branch plan placed at ``offset``, None if its first
         layer then breaks the limit."""
         if offset == 0:
-            return bp.time, bp.gpu, bp.first_tr
+            return bp.time, bp.gpu, bp.first_transfer
         first = bp.items[0]
-        tr = self.c.act(fork, self.ranks(0, s), self.ranks(offset, bp.first_w))
-        if not self.ok(first, bp.first_w, tr + self.own(first, bp.first_w)):
+        tr = self.costs.act(fork, self.ranks(0, s), self.ranks(offset, bp.first_width))
+        if not self.ok(first, bp.first_width, tr + self.own(first, bp.first_width)):
             return None
-        return bp.time - bp.first_tr + tr, bp.gpu + bp.first_w * (tr - bp.first_tr), tr
+        return bp.time - bp.first_transfer + tr, bp.gpu + bp.first_width * (tr - bp.first_transfer), tr
 
-    def block(self, blk: Block, s: int, j: int, budget: int) -> _Arrangement | None:
+    def block(self, blk: Block, s: int, j: int, budget: int) -> Arrangement | None:
         key = (id(blk), s, j, budget)
-        if key in self._blk:
-            return self._blk[key]
-        widths = [w for w in self.W if w <= budget]
+        if key in self._blocks:
+            return self._blocks[key]
+        widths = [w for w in self.widths if w <= budget]
         full = [b for b in blk.branches if b]
         empties = len(blk.branches) - len(full)
         plans = [{c: self.branch(b, blk.fork, s, c, j) for c in widths} for b in full]
@@ -231,7 +236,7 @@ class _Planner:
             serial, t = [], 0.0
             for i in order:
                 bp = plans[i][c0]
-                serial.append((bp, 0, t, bp.time, bp.first_tr, bp.gpu))
+                serial.append(Placement(bp, 0, t, bp.time, bp.first_transfer, bp.gpu))
                 t += bp.time
             for placed in (serial, self.greedy(blk, s, [plans[i] for i in order], c0, budget)):
                 if placed is None:
@@ -239,21 +244,21 @@ class _Planner:
                 arr = self.finish(blk, s, j, placed, empties)
                 if arr is not None and (best is None or (arr.time, arr.gpu) < (best.time, best.gpu)):
                     best = arr
-        self._blk[key] = best
+        self._blocks[key] = best
         return best
 
-    def greedy(self, blk: Block, s: int, plans: list, c0: int, budget: int):
+    def greedy(self, blk: Block, s: int, plans: list, c0: int, budget: int) -> list[Placement] | None:
         main = plans[0][c0]
         ready = [0.0] * budget
         for g in range(main.footprint):
             ready[g] = main.time
-        placed = [(main, 0, 0.0, main.time, main.first_tr, main.gpu)]
+        placed = [Placement(main, 0, 0.0, main.time, main.first_transfer, main.gpu)]
         for ps in plans[1:]:
             best, seen, free = None, set(), {}
             for bp in ps.values():
-                if bp is None or (bp.footprint, bp.first_w, bp.last_w, round(bp.time, 6)) in seen:
+                if bp is None or (bp.footprint, bp.first_width, bp.last_width, round(bp.time, 6)) in seen:
                     continue
-                seen.add((bp.footprint, bp.first_w, bp.last_w, round(bp.time, 6)))
+                seen.add((bp.footprint, bp.first_width, bp.last_width, round(bp.time, 6)))
                 f = bp.footprint
                 if f not in free:   # ranks 0 and the earliest free aligned group of f GPUs
                     groups = [max(ready[o:o + f]) for o in range(0, budget, f)]
@@ -264,26 +269,26 @@ class _Planner:
                     if got is not None:
                         cand = (r + got[0], got[1])
                         if best is None or cand < best[0]:
-                            best = (cand, (bp, o, r, got[0], got[2], got[1]))
+                            best = (cand, Placement(bp, o, r, got[0], got[2], got[1]))
             if best is None:
                 return None
-            bp, o, r, t, _, _ = best[1]
-            for g in range(o, o + bp.footprint):
-                ready[g] = r + t
-            placed.append(best[1])
+            chosen = best[1]
+            for g in range(chosen.offset, chosen.offset + chosen.branch.footprint):
+                ready[g] = chosen.start + chosen.time
+            placed.append(chosen)
         return placed
 
-    def finish(self, blk: Block, s: int, j: int, placed: list, empties: int) -> _Arrangement | None:
-        edges = [(bp.items[-1], self.ranks(o, bp.last_w), self.ranks(0, j)) for bp, o, *_ in placed]
+    def finish(self, blk: Block, s: int, j: int, placed: list[Placement], empties: int) -> Arrangement | None:
+        edges = [(p.branch.items[-1], self.ranks(p.offset, p.branch.last_width), self.ranks(0, j)) for p in placed]
         edges += [(blk.fork, self.ranks(0, s), self.ranks(0, j))] * empties
-        join_tr = self.c.act_many(edges)
-        own = join_tr + self.own(blk.join, j)
+        join_transfer = self.costs.act_many(edges)
+        own = join_transfer + self.own(blk.join, j)
         if not self.ok(blk.join, j, own):
             return None
-        makespan = max((start + t for _, _, start, t, _, _ in placed), default=0.0)
-        gpu = sum(g for *_, g in placed) + j * own
-        footprint = _pow2_up(max([j] + [o + bp.footprint for bp, o, *_ in placed]))
-        return _Arrangement(placed, makespan, join_tr, makespan + own, gpu, footprint)
+        makespan = max((p.start + p.time for p in placed), default=0.0)
+        gpu = sum(p.gpu for p in placed) + j * own
+        footprint = _pow2_up(max([j] + [p.offset + p.branch.footprint for p in placed]))
+        return Arrangement(placed, makespan, join_transfer, makespan + own, gpu, footprint)
 
     # -- the plan ----------------------------------------------------------------------------
 
@@ -291,27 +296,26 @@ class _Planner:
         """Layer id -> (ranks, start us, transfer us) along the best path; returns the end time."""
         widths, t = self.backtrack(items, tables, w_last), t0
         prev = fork
-        for p, it in enumerate(items):
-            if isinstance(it, Block):
+        for p, item in enumerate(items):
+            if isinstance(item, Block):
                 continue
-            w = widths[p]
-            ranks = self.ranks(base, w)
-            arr = tables[p][w][4]
-            if arr is not None:   # a join: the block's branches, then the join
-                block_start = t
-                for bp, o, start, _, _, _ in arr.placed:
-                    self.materialize(bp.items, bp.tables, bp.last_w, base + o, block_start + start, out,
-                                     (items[p - 1].fork, out[items[p - 1].fork][0]))
-                t = block_start + arr.makespan
-                edges = [(q, out[q][0], ranks) for q in self.model.layers[it].prev]
-                tr = self.c.act_many(edges)
+            ranks = self.ranks(base, widths[p])
+            arrangement = tables[p][widths[p]].arrangement
+            if arrangement is not None:   # a join: the block's branches, then the join
+                fork_id = items[p - 1].fork
+                for placement in arrangement.placed:
+                    bp = placement.branch
+                    self.materialize(bp.items, bp.tables, bp.last_width, base + placement.offset,
+                                     t + placement.start, out, (fork_id, out[fork_id][0]))
+                t += arrangement.makespan
+                tr = self.costs.act_many([(q, out[q][0], ranks) for q in self.model.layers[item].prev])
             elif prev is None:
                 tr = 0.0
             else:
-                tr = self.c.act(prev[0], prev[1], ranks)
-            out[it] = (ranks, t, tr)
-            t += tr + self.own(it, w)
-            prev = (it, ranks)
+                tr = self.costs.act(prev[0], prev[1], ranks)
+            out[item] = (ranks, t, tr)
+            t += tr + self.own(item, widths[p])
+            prev = (item, ranks)
         return t
 
 
@@ -346,8 +350,8 @@ def default_cost(model: ModelGraph, table: ProfileTable) -> CostModel:
 
 
 def plan(model, table, batch: int, gpus: int, amplification: float = math.inf, data_parallel: bool = False,
-         cost: CostModel | None = None) -> Plan:
-    """A burst-parallel :class:`~workbench.burst.plan.Plan` (see the module's text). ``model``: a
+         cost: CostModel | None = None) -> BurstPlan:
+    """A burst-parallel :class:`~workbench.burst.plan.BurstPlan` (see the module's text). ``model``: a
     :class:`ModelGraph`, a built-in name or a model JSON; ``table``: a :class:`ProfileTable`, a
     path, or None (the model's own); ``cost``: a :class:`CostModel` (default
     :func:`default_cost`)."""
@@ -367,14 +371,14 @@ def plan(model, table, batch: int, gpus: int, amplification: float = math.inf, d
     final = tables[-1]
     if not final:
         raise BurstError("no plan meets the amplification limit")   # unreachable: width 1 always does
-    w_last = min(final, key=lambda w: final[w][:2])
+    w_last = min(final, key=lambda w: (final[w].time, final[w].gpu))
     out: dict = {}
     planner.materialize(items, tables, w_last, 0, 0.0, out)
     return _build(model, planner, out, batch, gpus, None if data_parallel else limit, data_parallel)
 
 
-def _build(model, planner: _Planner, out: dict, batch, gpus, limit, data_parallel) -> Plan:
-    c = planner.c
+def _build(model, planner: _Planner, out: dict, batch, gpus, limit, data_parallel) -> BurstPlan:
+    c = planner.costs
     layers, transfers = [], []
     for lid in sorted(out):
         ranks, start, tr = out[lid]
@@ -389,8 +393,8 @@ def _build(model, planner: _Planner, out: dict, batch, gpus, limit, data_paralle
             src = out[q][0]
             nbytes = c.moved_bytes(q, src, ranks)
             if nbytes:
-                transfers.append(Transfer(q, lid, src, ranks, nbytes, c.act(q, src, ranks) / 1e3))
+                transfers.append(ActivationTransfer(q, lid, src, ranks, nbytes, c.act(q, src, ranks) / 1e3))
     used = {g for l in layers for g in l.ranks}
     gpu_ms = sum(l.time_ms * l.gpus for l in layers)
-    return Plan(model.name, batch, gpus, "workbench", layers, max(l.end_ms for l in layers), gpu_ms, len(used),
-                limit, data_parallel, transfers)
+    return BurstPlan(model.name, batch, gpus, "workbench", layers, max(l.end_ms for l in layers), gpu_ms,
+                     len(used), limit, data_parallel, transfers)

@@ -15,7 +15,7 @@ single-GPU time in GPU time (``inf``: no limit); ``--data-parallel``: every laye
 bytes/us and 240 us per transfer, or this machine's network with ``--calibration``) or
 ``deeppool`` (the published planner reproduced, :mod:`workbench.burst.deeppool`).
 
-``--json FILE`` writes ``Plan.to_dict()``: ``{"iteration_ms", "gpu_ms", "gpus_used", "model",
+``--json FILE`` writes ``BurstPlan.to_dict()``: ``{"iteration_ms", "gpu_ms", "gpus_used", "model",
 "batch", "gpus", "cost_model", "amplification", "data_parallel", "layers": [{"id", "type",
 "gpus", "ranks", "batch_per_gpu", "samples", "compute_ms", "sync_ms", "transfer_ms", "start_ms",
 "end_ms", "amplification"}, ...], "transfers": [{"src", "dst", "src_ranks", "dst_ranks", "bytes",

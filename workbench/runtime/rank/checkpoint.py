@@ -114,7 +114,8 @@ def check_resume(run_dir: str | os.PathLike, cfg: "RunConfig") -> None:
     """Refuse (:class:`~workbench.config.ConfigError`, one line) to resume ``cfg`` from
     ``run_dir`` unless it is a directory holding a checkpoint of the kind ``cfg``'s algorithm
     writes, from a run with the same algorithm, model, dataset and rank count (read from its
-    ``config.json`` and ``checkpoint/latest.json``). Reads JSON only: no torch, no MPI."""
+    ``config.json``, which must be there, and ``checkpoint/latest.json``). Reads JSON only: no
+    torch, no MPI."""
     from ...config import ConfigError
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -122,19 +123,21 @@ def check_resume(run_dir: str | os.PathLike, cfg: "RunConfig") -> None:
                           f"give the run directory to continue")
     differ = []
     config_file = run_dir / "config.json"
-    if config_file.is_file():
-        try:
-            old = json.loads(config_file.read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"resume: cannot read {config_file}: {exc}") from None
-        for name in RESUME_FIELDS:
-            mine, theirs = getattr(cfg, name), old.get(name)
-            if name == "dataset" and str(mine).endswith(".npz") and isinstance(theirs, str):
-                same = os.path.realpath(mine) == os.path.realpath(theirs)
-            else:
-                same = mine == theirs
-            if not same:
-                differ.append(f"{name} {theirs!r} (checkpoint) vs {mine!r} (this run)")
+    if not config_file.is_file():
+        raise ConfigError(f"resume: {run_dir} has no config.json (every run writes one; without it the "
+                          f"checkpoint's {', '.join(RESUME_FIELDS[:3])} cannot be checked): give a run directory")
+    try:
+        old = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"resume: cannot read {config_file}: {exc}") from None
+    for name in RESUME_FIELDS:
+        mine, theirs = getattr(cfg, name), old.get(name)
+        if name == "dataset" and str(mine).endswith(".npz") and isinstance(theirs, str):
+            same = os.path.realpath(mine) == os.path.realpath(theirs)
+        else:
+            same = mine == theirs
+        if not same:
+            differ.append(f"{name} {theirs!r} (checkpoint) vs {mine!r} (this run)")
     root = run_dir / "checkpoint"
     if cfg.spec.master_based:
         if not (root / "async").is_dir():
