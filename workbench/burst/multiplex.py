@@ -1,4 +1,4 @@
-"""DeepPool's GPU multiplexing (Park et al., MLSys'22; PAPERS.md §4) as a discrete-event simulation.
+"""DeepPool's GPU multiplexing (Park et al., MLSys'22; docs/papers.md, "4. DeepPool") as a discrete-event simulation.
 
 A foreground burst-parallel :class:`~workbench.burst.plan.BurstPlan` leaves GPUs idle between its
 bursts; a background data-parallel job, cut into small pieces, fills those idle windows, and the
@@ -31,7 +31,7 @@ that start closes every GPU's last window. Events (a heap of foreground window o
 - **Switching** costs ``switch_ms`` when a GPU goes from foreground to background work (before the
   first piece of a window) and back (after its last piece). Default 0: the paper runs both jobs in
   one process, foreground kernels on high-priority CUDA streams and background work in small pieces
-  on low-priority ones (PAPERS.md §4), so there is no context switch to pay; what it does pay is
+  on low-priority ones (docs/papers.md, "4. DeepPool"), so there is no context switch to pay; what it does pay is
   non-preemption, bounded by the piece size *(inferred: the digest names no switch cost)*.
 
 **Admission rule** (exact). A piece of ``q`` ms may start on GPU ``g`` at wall time ``t`` (``t`` is now,
