@@ -13,13 +13,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import time
 from pathlib import Path
 
 import psutil
 
 from ..launch.shm import remove_orphaned_shm
+from ..processes import stop_processes
 
 #: environment variable that marks every process of a cluster with its id
 CLUSTER_ID_ENV = "WORKBENCH_CLUSTER_ID"
@@ -68,26 +67,10 @@ def cmdline(proc: psutil.Process) -> list[str]:
         return []
 
 
-def kill(processes: list[psutil.Process], timeout: float = 1.0) -> None:
-    """SIGKILL ``processes`` and wait until each is gone or a zombie (dead, not yet reaped by
-    a parent that was killed too); our own children (mpiexec) are reaped."""
-    for proc in processes:
-        try:
-            proc.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    deadline = time.monotonic() + timeout
-    alive = list(processes)
-    while alive and time.monotonic() < deadline:
-        _, alive = psutil.wait_procs(alive, timeout=0.01)
-        alive = [p for p in alive if _status(p) not in (psutil.STATUS_ZOMBIE, None)]
-
-
-def _status(proc: psutil.Process) -> str | None:
-    try:
-        return proc.status()
-    except psutil.NoSuchProcess:
-        return None
+def kill(processes: list[psutil.Process]) -> None:
+    """SIGKILL a cluster's ``processes`` at once (they hold no state worth a polite end: runs are in
+    the store) and wait up to a second until they have ended."""
+    stop_processes(processes, grace=0, kill_wait=1.0)
 
 
 def cleanup_stale_clusters() -> list[str]:

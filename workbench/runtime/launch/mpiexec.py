@@ -21,14 +21,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
 from ...checks import integer
 from . import slurm
 from .heartbeat import Listener, describe as describe_silent
-from .job import Job, running as _running
+from ..processes import alive as running, stop_processes
+from .job import Job
 from .blame import MPILaunchError, MPIResult, collect_output, failed_ranks, failure, rank_records, tail
 from .shm import remove_orphaned_shm
 from .signals import RunInterrupted
@@ -235,17 +235,10 @@ def _stop_steps(status_dir: Path, name: str, ended_by_itself: bool, timeout: flo
                 alive.append(psutil.Process(pid))
             except (psutil.NoSuchProcess, TypeError):
                 pass
-    alive = [p for p in alive if _running(p)]
+    alive = [p for p in alive if running(p)]
     if not alive:
         return
     steps = sorted({s["slurm_step"] for s in starts.values() if s.get("slurm_step")})
     slurm.cancel(steps, signal="KILL")
-    deadline = time.monotonic() + timeout
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.05)
-        alive = [p for p in alive if _running(p)]
-    for p in alive:  # not ours to keep: Slurm did not end them in time
-        try:
-            p.kill()
-        except Exception:  # noqa: BLE001 - gone
-            pass
+    # Slurm ends them (first=None: scancel was the first signal); those it did not end in time are killed
+    stop_processes(alive, grace=timeout, first=None)
