@@ -25,7 +25,8 @@ PURE = ["workbench.schedules", "workbench.network", "workbench.netsim", "workben
         "workbench.runtime.rundir", "workbench.runtime.stream", "workbench.collectives",
         "workbench.burst.graph", "workbench.burst.plan", "workbench.burst.costs", "workbench.burst.planner",
         "workbench.burst.deeppool", "workbench.burst.multiplex", "workbench.burst.pictures", "workbench.vcluster",
-        "workbench.runtime.launch.heartbeat", "workbench.runtime.launch.job"]
+        "workbench.runtime.launch.heartbeat", "workbench.runtime.launch.job", "workbench.files",
+        "workbench.runtime.processes"]
 
 #: lazily loaded names, touched after the import so their modules load too
 LAZY = {"workbench.schedules": ["multitree", "ring_2d"],
