@@ -79,7 +79,9 @@ def test_gone_processes_and_zombies_of_others_count_as_ended():
         while psutil.Process(zombie).status() != psutil.STATUS_ZOMBIE:
             assert time.monotonic() < deadline, "the child never exited"
             time.sleep(0.01)
-        assert not alive(zombie)
+        assert not alive(zombie) and not alive(None)   # None is no pid (psutil.Process(None) is this process)
+        with pytest.raises(TypeError):
+            stop_processes([None])
         gone = subprocess.Popen([sys.executable, "-c", "pass"])
         gone.wait()
         start = time.monotonic()

@@ -20,12 +20,22 @@ POLL = 0.05
 
 def alive(process: psutil.Process | int | None) -> bool:
     """``process`` (a psutil.Process or a pid) runs: it exists, is the same process (psutil checks
-    the pid was not reused) and is not a zombie."""
+    the pid was not reused) and is not a zombie. No pid (None) is no process."""
     try:
-        proc = process if isinstance(process, psutil.Process) else psutil.Process(process)
+        proc = _process(process)
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except (psutil.Error, TypeError, ValueError):  # gone, or no pid at all
         return False
+
+
+def _process(process: psutil.Process | int) -> psutil.Process:
+    """``process`` as a psutil.Process; a TypeError for anything but a pid (``psutil.Process(None)``
+    would be this process)."""
+    if isinstance(process, psutil.Process):
+        return process
+    if not isinstance(process, int) or isinstance(process, bool):
+        raise TypeError(f"a pid or a psutil.Process, not {process!r}")
+    return psutil.Process(process)
 
 
 def stop_processes(processes: Iterable[psutil.Process | int], grace: float = 3.0, kill_wait: float = 5.0, *,
@@ -47,7 +57,7 @@ def stop_processes(processes: Iterable[psutil.Process | int], grace: float = 3.0
     procs, refused = [], []
     for process in processes:
         try:
-            procs.append(process if isinstance(process, psutil.Process) else psutil.Process(process))
+            procs.append(_process(process))
         except psutil.NoSuchProcess:
             continue
     procs = [p for p in procs if alive(p)]

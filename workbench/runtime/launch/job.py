@@ -182,7 +182,8 @@ class Job:
         try:
             import psutil
             root = psutil.Process(self.proc.pid)
-            for p in [root, *root.children(recursive=True)]:
+            self._known.setdefault(root.pid, root)  # mpiexec itself, whatever its children tell
+            for p in root.children(recursive=True):
                 self._known.setdefault(p.pid, p)
         except Exception:  # noqa: BLE001 - psutil missing, or mpiexec just ended
             pass

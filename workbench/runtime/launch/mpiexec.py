@@ -252,7 +252,8 @@ def _stop_steps(status_dir: Path, name: str, ended_by_itself: bool, timeout: flo
             continue
         for pid in (start.get("guard_pid"), start.get("pid")):
             try:
-                alive.append(psutil.Process(pid))
+                if pid is not None:  # psutil.Process(None) would be this process
+                    alive.append(psutil.Process(pid))
             except (psutil.NoSuchProcess, TypeError):
                 pass
     alive = [p for p in alive if running(p)]
