@@ -132,6 +132,7 @@ class Run:
         engines are killed and its result assembled."""
         if self._state.move(new, if_running=if_running) and error is not None:
             self.error = error
+
     @property
     def history(self):
         """Metric records so far as a DataFrame (a snapshot; see workbench.results)."""
@@ -379,7 +380,7 @@ class Run:
 
     def _finish(self, stored: int) -> None:
         if self.status == "running":  # the engines returned (cleanly or with an error)
-            self._transition(self._outcome())
+            self._transition(self._outcome(), if_running=True)  # unless cancel() stopped it meanwhile
         if self.result is None:  # no summary: what the live stream brought is the record
             self.result = RunResult(run_id=self.run_id, config=self.config, history=self.history,
                                     trace=self.trace, error=self.error, run_dir=str(self.run_dir))
