@@ -12,8 +12,8 @@ from workbench.cli import main
 
 @pytest.mark.parametrize("argv,message", [
     (["--algorithms", "ring,fastest"], "--algorithms: unknown 'fastest'; choose 'all' or a comma-separated list of: auto, native, ring"),
-    (["--sizes", "4K,lots"], "--sizes: 'LOTS' is not a size like 4K"),
-    (["--sizes", "0"], "is not a size like"),
+    (["--sizes", "4K,lots"], "argument --sizes: 'lots' is not a size: write bytes > 0 like 4096, 64K, 1.5M"),
+    (["--sizes", "0"], "argument --sizes: '0' is not a size"),
     (["--ranks", "0"], "argument --ranks: must be an integer >= 1"),
     (["--ranks", "two"], "--ranks: must be an integer >= 1"),
     (["--dtype", "int8"], "--dtype: invalid choice: 'int8' (choose from 'float64', 'float32'"),

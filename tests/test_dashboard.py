@@ -184,7 +184,7 @@ def test_the_sweep_panel_sweeps_gradient_communication_options(tmp_path):
     points = {(c.fusion_bytes, c.wire_dtype, c.sparse_ratio) for _, c in sweep.points}
     assert points == {(f, w, s) for f in (0, 65536, None) for w in ("fp32", "fp16") for s in (None, 0.1)}
     panel.fusion.value = "lots"
-    with pytest.raises(ConfigError, match="fusion bytes: must be 0, inf or a size"):
+    with pytest.raises(ConfigError, match="fusion bytes: must be 0 \\(one message per tensor\\), inf or none"):
         panel.build()
 
 

@@ -26,7 +26,8 @@ PURE = ["workbench.schedules", "workbench.network", "workbench.netsim", "workben
         "workbench.runtime.rundir", "workbench.runtime.stream", "workbench.collectives",
         "workbench.burst.graph", "workbench.burst.plan", "workbench.burst.costs", "workbench.burst.planner",
         "workbench.burst.deeppool", "workbench.burst.multiplex", "workbench.burst.pictures", "workbench.vcluster",
-        "workbench.runtime.launch.heartbeat", "workbench.runtime.launch.job"]
+        "workbench.runtime.launch.heartbeat", "workbench.runtime.launch.job", "workbench.files",
+        "workbench.runtime.processes", "workbench.runtime.client.run_state"]
 
 #: lazily loaded names, touched after the import so their modules load too
 LAZY = {"workbench.schedules": ["multitree", "ring_2d"],
@@ -78,7 +79,8 @@ LONG_MODULES: dict[str, str] = {
                                            "restart, stop) for local, Slurm and virtual-cluster engines; the Slurm "
                                            "watch went to launch/slurm.py and the ipyparallel set-up to ipp_setup.py "
                                            "(issue 22), the virtual cluster's health (heartbeats, failed nodes) came "
-                                           "in: 460 lines; to split next: the cluster record into records.py",
+                                           "in; the cluster record went to records.py (issue 23): 443 lines; to split "
+                                           "next: the engines' health (dead ranks, exits, lost, failed nodes)",
 }
 
 

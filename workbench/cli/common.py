@@ -11,6 +11,7 @@ positive_int = integer_argument(1)
 
 
 def parse_sizes(text: str) -> list[int]:
+    """``--sizes``: comma-separated sizes (:func:`workbench.sizes.parse_size`: ``4K,64K,1.5M``)."""
     from ..sizes import parse_size
     try:
         return [parse_size(s) for s in text.split(",")]

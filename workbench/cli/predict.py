@@ -41,18 +41,14 @@ def parse_ranks(text: str) -> list[int]:
     return ranks
 
 
-def parse_fusion(text: str) -> int | str:
-    """``--fusion-bytes``: ``none`` (one message per step) or a byte count (0 or a size like 64M)."""
-    if text.strip().lower() in ("none", "inf", "step"):
-        return "none"
-    if text.strip() == "0":
-        return 0
-    from ..sizes import parse_size
+def parse_fusion(text: str) -> int | None:
+    """``--fusion-bytes``: :func:`workbench.sizes.parse_fusion_bytes` (``inf``/``none``: None, one
+    message per step; ``0``: per tensor; else a size like 64M)."""
+    from ..sizes import parse_fusion_bytes
     try:
-        return parse_size(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be 0 (one message per tensor), a size like 1M or 64M (bytes), "
-                                         f"or none (one message per step); got {text!r}") from None
+        return parse_fusion_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_to(sub) -> None:
@@ -81,8 +77,8 @@ def add_to(sub) -> None:
     p.add_argument("--collective", choices=tuple(COLLECTIVES), default="ring", help="all-reduce schedule (default ring)")
     p.add_argument("--preset", choices=tuple(PRESETS), default=None,
                    help="start from a communication preset; the options below override it")
-    p.add_argument("--fusion-bytes", type=parse_fusion, default=None,
-                   help="bucket threshold: 0 (per tensor), a size (64M), none (one message per step, the default)")
+    p.add_argument("--fusion-bytes", type=parse_fusion, default=argparse.SUPPRESS,  # absent: the preset's
+                   help="bucket threshold: 0 (per tensor), a size (64M), inf or none (one message per step, the default)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="issue buckets while backward runs (default off)")
     p.add_argument("--wire-dtype", choices=tuple(WIRE_DTYPES), default=None, help="gradient dtype on the wire")
@@ -98,10 +94,11 @@ def add_to(sub) -> None:
 def _options(args) -> dict:
     from ..comm.options import resolve
     options = resolve(args.preset)
-    given = {"fusion_bytes": None if args.fusion_bytes == "none" else args.fusion_bytes,
-             "overlap": args.overlap, "wire_dtype": args.wire_dtype, "sparse_ratio": args.sparse_ratio,
+    given = {"overlap": args.overlap, "wire_dtype": args.wire_dtype, "sparse_ratio": args.sparse_ratio,
              "sparse_chunk": args.sparse_chunk}
-    options.update({k: v for k, v in given.items() if v is not None or (k == "fusion_bytes" and args.fusion_bytes)})
+    options.update({k: v for k, v in given.items() if v is not None})
+    if hasattr(args, "fusion_bytes"):  # given: None (inf, none) overrides a preset's buckets too
+        options["fusion_bytes"] = args.fusion_bytes
     if options.get("sparse_ratio") is None:  # the presets' CSC warm-up means nothing without CSC
         options.pop("warmup_epochs", None)
     return options

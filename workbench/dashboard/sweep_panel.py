@@ -36,10 +36,10 @@ def _numbers(text: str, kind=float, name: str = "value") -> list:
 
 def _fusion(text: str) -> int | None:
     """A fusion threshold as the CLI takes it (``0``, ``64K``, ``inf``), or a ConfigError."""
-    from ..cli.training import fusion_bytes
+    from ..sizes import parse_fusion_bytes
     try:
-        return fusion_bytes(text)
-    except Exception as exc:  # argparse.ArgumentTypeError
+        return parse_fusion_bytes(text)
+    except ValueError as exc:
         raise ConfigError(f"fusion bytes: {exc}") from None
 
 

@@ -155,15 +155,7 @@ def _flow_model(schedule: Schedule, routes, hops, chunk: float, capacity, latenc
     flows = [(s, t.src, t.dst, route) for s, step in enumerate(schedule.steps)
              for t, route in zip(step, routes[s])]
     flow_hops = [h for step_hops in hops for h in step_hops]
-    todo = defaultdict(int)                  # (rank, step) -> unfinished flows of that rank in it
-    steps_of = defaultdict(list)             # rank -> its steps, ascending
-    for s, src, dst, _ in flows:
-        for r in (src, dst):
-            if todo[(r, s)] == 0:
-                steps_of[r].append(s)
-            todo[(r, s)] += 1
-    for r in steps_of:
-        steps_of[r].sort()
+    todo, steps_of = _rank_steps(flows)
     cursor = {r: 0 for r in steps_of}        # index into steps_of[r] of its current step
     free_at = {r: 0.0 for r in steps_of}     # when rank r finished its previous step
     waiting = defaultdict(list)              # step -> flow indices not started
@@ -195,17 +187,7 @@ def _flow_model(schedule: Schedule, routes, hops, chunk: float, capacity, latenc
     for r in steps_of:
         release(r)
     while pending_start or remaining:
-        rates = _max_min_rates({i: flows[i][3] for i in remaining}, capacity)
-        next_finish = min((remaining[i] / rates[i] for i in remaining if rates[i] > 0), default=float("inf"))
-        next_start = min((t for t, _ in pending_start), default=float("inf"))
-        dt = min(next_finish, next_start - now)
-        dt = max(dt, 0.0)
-        for i in remaining:
-            remaining[i] -= rates[i] * dt
-        now += dt
-        for item in [p for p in pending_start if p[0] <= now + 1e-15]:
-            pending_start.remove(item)
-            remaining[item[1]] = chunk
+        now = _advance(now, remaining, pending_start, flows, capacity, chunk)
         done = [i for i, left in remaining.items() if left <= chunk * 1e-9 + 1e-12]
         for i in done:
             del remaining[i]
@@ -220,6 +202,40 @@ def _flow_model(schedule: Schedule, routes, hops, chunk: float, capacity, latenc
             for r in flows[i][1:3]:
                 release(r)
     return now, [b - a for a, b in zip([0.0] + step_end[:-1], step_end)]
+
+
+def _rank_steps(flows: list[tuple]) -> tuple[defaultdict, defaultdict]:
+    """For the flows ``(step, src, dst, route)``: (rank, step) -> how many flows of that rank in that
+    step are unfinished, and rank -> its steps, ascending."""
+    todo = defaultdict(int)
+    steps_of = defaultdict(list)
+    for s, src, dst, _ in flows:
+        for r in (src, dst):
+            if todo[(r, s)] == 0:
+                steps_of[r].append(s)
+            todo[(r, s)] += 1
+    for r in steps_of:
+        steps_of[r].sort()
+    return todo, steps_of
+
+
+def _advance(now: float, remaining: dict[int, float], pending_start: list[tuple[float, int]], flows: list[tuple],
+             capacity, chunk: float) -> float:
+    """Move the flow model to its next event (a transmitting flow ends, or a pending one may start):
+    the transmitting flows (``remaining``: flow -> bytes left) send at their max-min fair rates until
+    then, and the pending flows whose start has come begin with ``chunk`` bytes. Returns the new time."""
+    rates = _max_min_rates({i: flows[i][3] for i in remaining}, capacity)
+    next_finish = min((remaining[i] / rates[i] for i in remaining if rates[i] > 0), default=float("inf"))
+    next_start = min((t for t, _ in pending_start), default=float("inf"))
+    dt = min(next_finish, next_start - now)
+    dt = max(dt, 0.0)
+    for i in remaining:
+        remaining[i] -= rates[i] * dt
+    now += dt
+    for item in [p for p in pending_start if p[0] <= now + 1e-15]:
+        pending_start.remove(item)
+        remaining[item[1]] = chunk
+    return now
 
 
 def _max_min_rates(active: dict[int, tuple], capacity) -> dict[int, float]:

@@ -4,12 +4,14 @@
   rank runs), ``context`` (model, data shard, metrics), ``checkpoint``, ``sink`` (the engine's
   entry point for a notebook run and its signed stream to the notebook).
 - :mod:`~workbench.runtime.client`: code in the notebook or CLI process: ``cluster``
-  (``wb.Cluster``), ``run`` (a live ``Run``), ``records`` (clusters on disk, stale clean-up).
+  (``wb.Cluster``), ``run`` (a live ``Run``; its states in ``run_state``), ``records`` (clusters on
+  disk, stale clean-up).
 - :mod:`~workbench.runtime.launch`: starting ranks: ``mpiexec`` (run a job, with ``signals``,
   ``blame`` of the failed rank, ``shm`` clean-up), ``rankguard`` (the parent of each rank,
   recording how it ended), ``engines`` (engine launchers by name), ``batch`` (a run under mpiexec
   without a notebook).
 
-Shared by all three: ``rundir`` (run folders, ids and file names) and ``stream`` (the signed
-frames of the live stream). Telemetry is :mod:`workbench.telemetry`.
+Shared by all three: ``rundir`` (run folders, ids and file names), ``stream`` (the signed
+frames of the live stream) and ``processes`` (ending processes: SIGTERM, a grace, SIGKILL).
+Telemetry is :mod:`workbench.telemetry`; atomic writes are :mod:`workbench.files`.
 """

@@ -83,64 +83,74 @@ def _grow(topo: Topology, k: int, reach: list[list], paths):
     (on a direct network ``(child, link)`` pairs); ``paths``: the switch paths a switched
     network may use, ``None`` on a direct network or a bus (whose routes are fixed)."""
     n = topo.nodes
-    direct = topo.direct
     members = [{r} for r in range(n)]
     active = [[r] for r in range(n)]           # per tree, its possible parents in join order
     edges: list[tuple[int, int, int, int, tuple]] = []
     saturated = [set() for _ in range(n)]      # parents whose candidates are all in tree r already
     t = 0
     while any(len(m) < n for m in members):
-        avail = set(topo.links)
-        # this step's candidate parents per tree, in join order; a parent that finds no child
-        # cannot find one later in the same step (links only get used, trees only grow), so a
-        # pointer moves past it: the same choices as rescanning from the first parent each turn
-        candidates = active
-        joined: list[list[int]] = [[] for _ in range(n)]
-        position = [0] * n
-        children: dict[tuple[int, int], int] = {}
-        live = [r for r in range(n) if len(members[r]) < n]
-        while live:  # rounds over the roots, one attachment per root and turn
-            attached = []   # a root that attaches nothing in a round has run out of parents
-            for r in live:
-                if len(members[r]) == n:
-                    continue
-                cand, tree = candidates[r], members[r]
-                while position[r] < len(cand):
-                    p = cand[position[r]]
-                    c, links, outside = None, (), False
-                    if direct:  # the hot loop for big tori: one link per candidate, no lists
-                        for c_, link in reach[p]:
-                            if c_ not in tree:
-                                outside = True
-                                if link in avail:
-                                    c, links = c_, (link,)
-                                    break
-                    else:
-                        free = [c_ for c_ in reach[p] if c_ not in tree]
-                        outside = bool(free)
-                        if free:
-                            c, links = _switched_child(topo, p, free, avail, paths)
-                    if not outside:   # every candidate of p is in tree r already: for good
-                        saturated[r].add(p)
-                    if c is None:
-                        position[r] += 1
-                        continue
-                    tree.add(c)
-                    joined[r].append(c)
-                    children[(r, p)] = children.get((r, p), 0) + 1
-                    if children[(r, p)] >= k - 1:
-                        position[r] += 1
-                    avail.difference_update(links)
-                    edges.append((r, c, p, t, links))
-                    attached.append(r)
-                    break
-            live = attached
-        if not children:
+        joined, progress = _grow_step(topo, k, reach, paths, t, members, active, saturated, edges)
+        if not progress:
             raise ScheduleError(f"multitree: no progress at step {t} on {topo!r}")
         # next step's parents: this step's, less the saturated, then the nodes that just joined
-        active = [[p for p in candidates[r] if p not in saturated[r]] + joined[r] for r in range(n)]
+        active = [[p for p in active[r] if p not in saturated[r]] + joined[r] for r in range(n)]
         t += 1
     return edges, t
+
+
+def _grow_step(topo: Topology, k: int, reach: list[list], paths, t: int, members: list[set], candidates: list[list],
+               saturated: list[set], edges: list) -> tuple[list[list[int]], bool]:
+    """Step ``t`` of :func:`_grow`: in rounds over the roots, each tree ``r`` attaches one child per
+    turn to its first candidate parent (``candidates[r]``, in join order) with a free link, a parent
+    taking at most ``k - 1`` children. ``members``, ``saturated`` and ``edges`` grow in place.
+    Returns the ranks that joined each tree, and whether any did."""
+    n = topo.nodes
+    direct = topo.direct
+    avail = set(topo.links)
+    # a parent that finds no child cannot find one later in the same step (links only get used,
+    # trees only grow), so a pointer moves past it: the same choices as rescanning from the first
+    # parent each turn
+    joined: list[list[int]] = [[] for _ in range(n)]
+    position = [0] * n
+    children: dict[tuple[int, int], int] = {}
+    live = [r for r in range(n) if len(members[r]) < n]
+    while live:  # rounds over the roots, one attachment per root and turn
+        attached = []   # a root that attaches nothing in a round has run out of parents
+        for r in live:
+            if len(members[r]) == n:
+                continue
+            cand, tree = candidates[r], members[r]
+            while position[r] < len(cand):
+                p = cand[position[r]]
+                c, links, outside = None, (), False
+                if direct:  # the hot loop for big tori: one link per candidate, no lists
+                    for c_, link in reach[p]:
+                        if c_ not in tree:
+                            outside = True
+                            if link in avail:
+                                c, links = c_, (link,)
+                                break
+                else:
+                    free = [c_ for c_ in reach[p] if c_ not in tree]
+                    outside = bool(free)
+                    if free:
+                        c, links = _switched_child(topo, p, free, avail, paths)
+                if not outside:   # every candidate of p is in tree r already: for good
+                    saturated[r].add(p)
+                if c is None:
+                    position[r] += 1
+                    continue
+                tree.add(c)
+                joined[r].append(c)
+                children[(r, p)] = children.get((r, p), 0) + 1
+                if children[(r, p)] >= k - 1:
+                    position[r] += 1
+                avail.difference_update(links)
+                edges.append((r, c, p, t, links))
+                attached.append(r)
+                break
+        live = attached
+    return joined, bool(children)
 
 
 def _switched_child(topo: Topology, parent: int, free: list[int], avail: set, paths):

@@ -14,6 +14,7 @@ import json
 import os
 from pathlib import Path
 
+from ..files import atomic_write
 from .plan import RANGE, SLOTS
 from .tools import VirtualClusterError, run, tool
 
@@ -58,10 +59,7 @@ def read_record(name: str) -> dict | None:
 
 
 def write_record(name: str, record: dict) -> None:
-    path = record_path(name)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    os.replace(tmp, path)
+    atomic_write(record_path(name), json.dumps(record, indent=1))
 
 
 @contextlib.contextmanager

@@ -31,7 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..runtime.launch.job import pid_alive
+from ..runtime.processes import stop_processes
 from .plan import PREFIX, Plan, PlanError, format_rate
 from .registry import folder, read_record, registry
 from .tools import VirtualClusterError, ip_batch, run, tc_batch, tool
@@ -293,14 +293,7 @@ def kill_processes(plan: Plan, timeout: float = 5.0) -> list[int]:
         head_uts = os.stat(ns_file(plan, "head", "uts")).st_ino
         if head_uts != os.stat("/proc/self/ns/uts").st_ino:
             pids += _pids_in("uts", {head_uts})
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout
-    left = pids
-    while left and time.monotonic() < deadline:
-        left = [p for p in left if pid_alive(p)]
-        time.sleep(0.02)
+    stop_processes(pids, grace=0, kill_wait=timeout)
     return pids
 
 

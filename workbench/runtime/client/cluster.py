@@ -32,7 +32,6 @@ job id is in the cluster's record, so the next ``Cluster()`` after a kernel died
 """
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import socket
@@ -40,16 +39,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from ...checks import integer
 from ...config import ConfigError, RunConfig
 from ..launch.blame import describe_end, rank_records
 from ..launch import slurm
 from ..launch.engines import LAUNCHERS, SlurmCommandError
 from ..launch.shm import remove_orphaned_shm
+from ..processes import alive
 from .ipp_setup import KeptLog, use_slurm_of, virtual_cluster
-from .records import cleanup_stale_clusters, cmdline, guard_dir, kill, processes_of, remove_files_of, state_dir  # noqa: F401 - cleanup_stale_clusters re-exported
+from .records import (cleanup_stale_clusters, cmdline, guard_dir, kill, processes_of, record_path,  # noqa: F401 - cleanup_stale_clusters re-exported
+                      remove_files_of, state_dir, write_record)
 
 #: seconds between two looks at a Slurm engine job's state while the engines come up
 SLURM_POLL_SECONDS = 0.5
@@ -275,14 +274,7 @@ class Cluster:
 
     def dead_ranks(self) -> list[int]:
         """Ranks whose engine process is gone or a zombie (engines on this host only; [] otherwise)."""
-        dead = []
-        for rank, pid in self._local_ranks().items():
-            try:
-                if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                    dead.append(rank)
-            except psutil.NoSuchProcess:
-                dead.append(rank)
-        return dead
+        return [rank for rank, pid in self._local_ranks().items() if not alive(pid)]
 
     def exits(self) -> list[dict]:
         """How this cluster's engines that ended did, the first to end first, as recorded by each
@@ -392,7 +384,7 @@ class Cluster:
                 slurm.cancel(self._slurm_jobs)
                 slurm.wait_gone(self._slurm_jobs, timeout=15)
             kill(processes_of(self._ipp.cluster_id))  # anything that did not stop
-            self._record_path().unlink(missing_ok=True)
+            record_path(self._ipp.cluster_id).unlink(missing_ok=True)
             remove_files_of(self._ipp.cluster_id, self._ipp.cluster_file, self.files)
             remove_orphaned_shm()
             self._ipp, self.client, self.ranks, self.engine_ids = None, None, {}, []
@@ -407,18 +399,9 @@ class Cluster:
         output included); kept out of the notebook unless something failed."""
         return "\n".join(self._log.lines[-lines:]) or "(nothing logged)"
 
-    def _record_path(self) -> Path:
-        return state_dir() / "clusters" / f"{self._ipp.cluster_id}.json"
-
     def _record(self) -> None:
-        path = self._record_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        me = psutil.Process()
-        path.write_text(json.dumps({"cluster_id": self._ipp.cluster_id, "owner_pid": me.pid,
-                                    "owner_started": me.create_time(), "cluster_file": self._ipp.cluster_file,
-                                    "engines": self.engines, "n": self.n, "started": time.time(),
-                                    "files": str(self.files),
-                                    "slurm_jobs": self._slurm_jobs}))
+        write_record(self._ipp.cluster_id, self._ipp.cluster_file, engines=self.engines, n=self.n, files=self.files,
+                     slurm_jobs=self._slurm_jobs)
 
     def __enter__(self) -> "Cluster":
         return self.start()

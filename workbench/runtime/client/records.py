@@ -1,7 +1,7 @@
 """What a notebook's clusters leave on disk, and cleaning up after a kernel that died.
 
-Every cluster started by :class:`~workbench.runtime.client.cluster.Cluster` is recorded (owner pid
-and start time, ipyparallel's cluster file) under ``$WORKBENCH_STATE_DIR/clusters`` (default
+Every cluster started by :class:`~workbench.runtime.client.cluster.Cluster` is recorded
+(:func:`write_record`: owner pid and start time, ipyparallel's cluster file) under ``$WORKBENCH_STATE_DIR/clusters`` (default
 ``~/.cache/workbench/clusters``). A kernel that dies leaves its controller, mpiexec and engines
 running (and, for ``engines="slurm"``, its engines' batch job queued or running);
 :func:`cleanup_stale_clusters` finds those records, cancels the Slurm jobs they name (``scancel``),
@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import time
 from pathlib import Path
 
 import psutil
 
+from ...files import atomic_write
 from ..launch.shm import remove_orphaned_shm
+from ..processes import stop_processes
 
 #: environment variable that marks every process of a cluster with its id
 CLUSTER_ID_ENV = "WORKBENCH_CLUSTER_ID"
@@ -39,6 +40,24 @@ def guard_dir(cluster_id: str, base: Path | None = None) -> Path:
 def batch_dir(cluster_id: str, base: Path | None = None) -> Path:
     """Where a batch-system cluster's engine job script and the batch system's output go."""
     return (base or state_dir()) / "batch" / cluster_id
+
+
+def record_path(cluster_id: str) -> Path:
+    """Where a cluster is recorded: ``<state dir>/clusters/<cluster id>.json``."""
+    return state_dir() / "clusters" / f"{cluster_id}.json"
+
+
+def write_record(cluster_id: str, cluster_file: str | None, *, engines: str, n: int, files: Path,
+                 slurm_jobs: list[str]) -> None:
+    """Record a cluster that this process (its owner, by pid and start time) started: what
+    :func:`cleanup_stale_clusters` stops once the owner is gone. Written whole (a cleanup in another
+    kernel never reads half a record, which it would take for a stale one)."""
+    me = psutil.Process()
+    path = record_path(cluster_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps({"cluster_id": cluster_id, "owner_pid": me.pid, "owner_started": me.create_time(),
+                                   "cluster_file": cluster_file, "engines": engines, "n": n, "started": time.time(),
+                                   "files": str(files), "slurm_jobs": slurm_jobs}))
 
 
 def _owner_alive(record: dict) -> bool:
@@ -68,26 +87,10 @@ def cmdline(proc: psutil.Process) -> list[str]:
         return []
 
 
-def kill(processes: list[psutil.Process], timeout: float = 1.0) -> None:
-    """SIGKILL ``processes`` and wait until each is gone or a zombie (dead, not yet reaped by
-    a parent that was killed too); our own children (mpiexec) are reaped."""
-    for proc in processes:
-        try:
-            proc.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
-    deadline = time.monotonic() + timeout
-    alive = list(processes)
-    while alive and time.monotonic() < deadline:
-        _, alive = psutil.wait_procs(alive, timeout=0.01)
-        alive = [p for p in alive if _status(p) not in (psutil.STATUS_ZOMBIE, None)]
-
-
-def _status(proc: psutil.Process) -> str | None:
-    try:
-        return proc.status()
-    except psutil.NoSuchProcess:
-        return None
+def kill(processes: list[psutil.Process]) -> None:
+    """SIGKILL a cluster's ``processes`` at once (they hold no state worth a polite end: runs are in
+    the store) and wait up to a second until they have ended."""
+    stop_processes(processes, grace=0, kill_wait=1.0)
 
 
 def cleanup_stale_clusters() -> list[str]:

@@ -34,6 +34,7 @@ from ..rundir import CANCEL_FILE, make_run_dir, run_id_for, runs_root
 from ..launch.blame import who_is
 from ..rank.sink import engine_train
 from ..stream import MAX_MESSAGE_BYTES, new_secret, verify
+from .run_state import RunState
 
 GRACE_SECONDS = 3.0
 #: seconds an engine may be dead while the run goes on before the others are stopped (a whole MPI
@@ -82,7 +83,8 @@ class Run:
         self.run_dir = make_run_dir(run_dir).resolve()
         (self.run_dir / "config.json").write_text(cfg.to_json())
         self.total_steps = _expected_steps(cfg)
-        self.status, self.error, self.summary, self.result = "running", None, None, None
+        self._state = RunState(self.run_id)
+        self.error, self.summary, self.result = None, None, None
         self.failed_rank: int | None = None
         self._first_dead: int | None = None  # the rank whose engine was seen dead first
         self._killed = False  # this run killed the engines itself (deaths after that are ours)
@@ -111,6 +113,26 @@ class Run:
         self._thread.start()
 
     # -- what the notebook sees ------------------------------------------------------------
+    @property
+    def status(self) -> str:
+        """``running``, then ``finished``, ``cancelled`` or ``failed`` (:mod:`.run_state`)."""
+        return self._state.status
+
+    @property
+    def ended(self) -> float | None:
+        """When the run's status left ``running`` (unix seconds), or None while it runs."""
+        return self._state.ended
+
+    def _transition(self, new: str, error: str | None = None, *, if_running: bool = False) -> None:
+        """The one place the status changes (:meth:`RunState.move`: an illegal change raises
+        :class:`RunStateError`; ``if_running``: only a running run); ``error``, when given and the
+        status changed, becomes the run's error. Recording the end
+        (the result, the store's row, waking ``wait()`` and the observers) is done once, by
+        ``_finish``, when the receiver has stopped: a run is stopped (its status set) before its
+        engines are killed and its result assembled."""
+        if self._state.move(new, if_running=if_running) and error is not None:
+            self.error = error
+
     @property
     def history(self):
         """Metric records so far as a DataFrame (a snapshot; see workbench.results)."""
@@ -229,7 +251,11 @@ class Run:
                     self.error = f"run timed out after {self._timeout:g} s and was cancelled"
             self._finish(stored)
         except BaseException as exc:  # noqa: BLE001 - never leave wait() hanging
-            self.status, self.error = "failed", f"workbench: the run's receiver failed: {exc!r}"
+            why = f"workbench: the run's receiver failed: {exc!r}"
+            if self.status == "failed":  # final: the first failure stays the cause
+                self.error = f"{self.error}\n{why}"
+            else:
+                self._transition("failed", why)
             self._done.set()
         finally:
             self._socket.close(linger=0)
@@ -265,15 +291,19 @@ class Run:
         return stored + len(new)
 
     def _hard_stop(self, status: str, error: str | None) -> None:
-        # a death is looked for before our own kill adds deaths of its own
-        if status != "failed" or not self._blame_dead_engine():
-            self.status, self.error = status, error
+        """Stop the run as ``status`` (unless it was stopped already) and kill its engines."""
+        if self.status == "running":
+            # a death is looked for before our own kill adds deaths of its own
+            blame = self._dead_engine() if status == "failed" else None
+            if blame is not None:
+                self.failed_rank, error = blame
+            self._transition(status, error, if_running=True)
         self._killed = True
         self.cluster.kill_engines()
 
-    def _blame_dead_engine(self) -> bool:
-        """If an engine process died, name the first to die as the cause (how it died, its pid and
-        host); a rank that reported an error after it was only hit by its death. True if one did.
+    def _dead_engine(self) -> tuple[int | None, str] | None:
+        """If an engine process died, the first to die as the cause: (its rank, how it died, with its
+        pid and host); a rank that reported an error after it was only hit by its death. None if none did.
 
         Engines die only when something outside Python kills them (a signal, the out-of-memory
         killer, a crash in C); an exception in a rank leaves its engine running. So the first
@@ -282,7 +312,7 @@ class Run:
         engine itself.
         """
         if self._killed:
-            return False
+            return None
         exits = self.cluster.exits()
         failed = self.cluster.failed_nodes()
         if failed:  # the batch system lost a node: that, not the ranks it then killed, is the cause
@@ -304,11 +334,33 @@ class Run:
                     "engine was killed, ran out of memory or crashed outside Python; MPI then stopped the "
                     "other ranks.")
         else:
-            return False
+            return None
         if self.error and self.failed_rank != rank:
             text += f"\nAfter it died, rank {self.failed_rank} reported:\n{self.error}"
-        self.failed_rank, self.error, self.status = rank, text, "failed"
-        return True
+        return rank, text
+
+    def _outcome(self) -> str:
+        """How a run whose engines returned ended: ``failed`` (the cause named in ``failed_rank`` and
+        ``error``), ``cancelled`` or ``finished`` (with its result, read from the run's files)."""
+        blame = self._dead_engine()
+        if blame is not None:
+            self.failed_rank, self.error = blame
+        died = blame is not None
+        if self.failed_rank is None:
+            rank, text, died_unrecorded = self._engine_error()
+            died = died or died_unrecorded
+            if text:
+                self.failed_rank, self.error = rank, text
+        if died:
+            self.cluster.kill_engines()  # MPI lost a rank: the rest of the job is gone or stuck
+        if self.error and not self._cancel_requested:
+            return "failed"
+        if not (self.run_dir / "summary.json").exists():
+            self.error = self.error or "the engines returned no summary"
+            return "failed"
+        self.result = RunResult.from_run_dir(self.run_dir, self.run_id)
+        self.summary = self.result.summary
+        return "cancelled" if self.summary.get("cancelled") or self._cancel_requested else "finished"
 
     def _engine_error(self) -> tuple[int | None, str, bool]:
         """The engines' exception as (rank, text, an engine died) when no rank reported its own
@@ -328,23 +380,7 @@ class Run:
 
     def _finish(self, stored: int) -> None:
         if self.status == "running":  # the engines returned (cleanly or with an error)
-            died = self._blame_dead_engine()
-            if self.failed_rank is None:
-                rank, text, died_unrecorded = self._engine_error()
-                died = died or died_unrecorded
-                if text:
-                    self.failed_rank, self.error = rank, text
-            if died:
-                self.cluster.kill_engines()  # MPI lost a rank: the rest of the job is gone or stuck
-            if self.error and not self._cancel_requested:
-                self.status = "failed"
-            elif (self.run_dir / "summary.json").exists():
-                self.result = RunResult.from_run_dir(self.run_dir, self.run_id)
-                self.summary = self.result.summary
-                cancelled = self.summary.get("cancelled") or self._cancel_requested
-                self.status = "cancelled" if cancelled else "finished"
-            else:
-                self.status, self.error = "failed", self.error or "the engines returned no summary"
+            self._transition(self._outcome(), if_running=True)  # unless cancel() stopped it meanwhile
         if self.result is None:  # no summary: what the live stream brought is the record
             self.result = RunResult(run_id=self.run_id, config=self.config, history=self.history,
                                     trace=self.trace, error=self.error, run_dir=str(self.run_dir))

@@ -44,13 +44,7 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
     ``"cancelled": true``; a job still running ``grace`` seconds later is killed. Either way
     :class:`~workbench.runtime.launch.signals.RunInterrupted` is raised once no process is left.
     """
-    options = {}
-    if vcluster is not None:
-        from ...vcluster import VirtualCluster
-        vcluster = VirtualCluster.attach(vcluster) if isinstance(vcluster, str) else vcluster
-        run_dir = Path(run_dir if run_dir is not None else runs_folder(vcluster) / new_run_id(cfg))
-        check_visible(vcluster, {"run_dir": run_dir, "resume": resume})
-        options = vcluster.run_options(cfg.ranks, ppn, job_dir=run_dir / JOB_FOLDER)
+    run_dir, options = _on_vcluster(cfg, run_dir, resume, vcluster, ppn) if vcluster is not None else (run_dir, {})
     run_dir = make_run_dir(run_dir if run_dir is not None else runs_root() / new_run_id(cfg))
     (run_dir / "config.json").write_text(cfg.to_json())
     cancel_flag = run_dir / CANCEL_FILE  # the ranks' cooperative-cancel flag
@@ -64,25 +58,14 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
                 srun_args=srun_args, **{"job_dir": run_dir / JOB_FOLDER, **options},
                 on_interrupt=lambda: cancel_flag.write_text("cancelled by a signal to the launcher\n"))
     except RunInterrupted as exc:
-        # inside a Slurm job, SIGTERM may be Slurm ending the job because a node failed: that is a failure
-        lost = slurm.failed_nodes(slurm.allocation_nodes()) if slurm.in_allocation() and exc.signum == 15 else {}
-        if not lost:
+        failed = _node_failure(exc)
+        if failed is None:
             raise
-        ranks = {node: sorted(r for r, h in exc.hosts.items() if h == node) for node in lost}
-        raise MPILaunchError("; ".join(f"node {node} failed ({why})" + (f": rank {', '.join(map(str, ranks[node]))} ran "
-                                       "there" if ranks[node] else "") for node, why in lost.items())
-                             + f"; Slurm cancelled job {os.environ.get('SLURM_JOB_ID')} and with it the run",
-                             sorted(r for rs in ranks.values() for r in rs), "") from None
+        raise failed from None
     except MPILaunchError as exc:
         if NOT_ONE_JOB not in exc.output:
             raise
-        if launcher == "srun":
-            sizes = [int(m) for m in re.findall(rf"{NOT_ONE_JOB}: this rank is rank \d+ of (\d+)", exc.output)]
-            raise MPILaunchError(slurm.not_one_job_message(cfg.ranks, sizes or [1], "--srun-args"),
-                                 exc.failed_ranks, exc.output) from None
-        raise MPILaunchError(f"mpiexec started {cfg.ranks} ranks that are not one MPI job of {cfg.ranks}: mpi4py "
-                             "does not use the MPI library of this mpiexec (set WORKBENCH_MPIEXEC)",
-                             exc.failed_ranks, exc.output) from None
+        raise _not_one_job(exc, launcher, cfg.ranks) from None
     finally:
         cancel_flag.unlink(missing_ok=True)
         try:
@@ -92,6 +75,40 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["run_dir"] = str(run_dir)
     return summary
+
+
+def _on_vcluster(cfg: RunConfig, run_dir, resume, vcluster, ppn: int) -> tuple[Path, dict]:
+    """The run directory (checked: the nodes of ``vcluster`` see it and ``resume``) and the options of
+    ``run_mpi`` that place the ranks on ``vcluster``, ``ppn`` per node."""
+    from ...vcluster import VirtualCluster
+    vcluster = VirtualCluster.attach(vcluster) if isinstance(vcluster, str) else vcluster
+    run_dir = Path(run_dir if run_dir is not None else runs_folder(vcluster) / new_run_id(cfg))
+    check_visible(vcluster, {"run_dir": run_dir, "resume": resume})
+    return run_dir, vcluster.run_options(cfg.ranks, ppn, job_dir=run_dir / JOB_FOLDER)
+
+
+def _node_failure(exc: RunInterrupted) -> MPILaunchError | None:
+    """Inside a Slurm job, SIGTERM may be Slurm ending the job because a node failed: that is a
+    failure, named with the failed nodes and the ranks that ran there; None for any other signal."""
+    lost = slurm.failed_nodes(slurm.allocation_nodes()) if slurm.in_allocation() and exc.signum == 15 else {}
+    if not lost:
+        return None
+    ranks = {node: sorted(r for r, h in exc.hosts.items() if h == node) for node in lost}
+    return MPILaunchError("; ".join(f"node {node} failed ({why})" + (f": rank {', '.join(map(str, ranks[node]))} ran "
+                                    "there" if ranks[node] else "") for node, why in lost.items())
+                          + f"; Slurm cancelled job {os.environ.get('SLURM_JOB_ID')} and with it the run",
+                          sorted(r for rs in ranks.values() for r in rs), "")
+
+
+def _not_one_job(exc: MPILaunchError, launcher: str, nranks: int) -> MPILaunchError:
+    """The error for ranks that are not one MPI job (mpi4py's MPI is not the launcher's)."""
+    if launcher == "srun":
+        sizes = [int(m) for m in re.findall(rf"{NOT_ONE_JOB}: this rank is rank \d+ of (\d+)", exc.output)]
+        return MPILaunchError(slurm.not_one_job_message(nranks, sizes or [1], "--srun-args"),
+                              exc.failed_ranks, exc.output)
+    return MPILaunchError(f"mpiexec started {nranks} ranks that are not one MPI job of {nranks}: mpi4py "
+                          "does not use the MPI library of this mpiexec (set WORKBENCH_MPIEXEC)",
+                          exc.failed_ranks, exc.output)
 
 
 #: the job's own folder inside a run directory (ranks' output, their guards' records), removed at the end

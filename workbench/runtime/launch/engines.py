@@ -5,6 +5,10 @@ ipyparallel's launchers (``<Prefix>EngineSetLauncher``).
 """
 from __future__ import annotations
 
+import os
+import shlex
+import subprocess
+
 from .slurm import KILL_ON_BAD_EXIT
 
 #: engine launchers that start MPI ranks: name -> ipyparallel launcher class prefix
@@ -21,10 +25,6 @@ class SlurmCommandError(RuntimeError):
 def slurm_launcher():
     """ipyparallel's Slurm engine launcher class, with extra ``#SBATCH`` options, ``srun``
     arguments, and its files in the cluster's own folder."""
-    import os
-    import shlex
-    import subprocess
-
     from ipyparallel.cluster.launcher import SlurmEngineSetLauncher
     from traitlets import List, Unicode
 
@@ -63,21 +63,11 @@ srun {srun_args} {program_and_args}
 
         def _insert_options_in_script(self):
             super()._insert_options_in_script()
-            if self.options.strip():
-                first, rest = self.batch_template.split("\n", 1)
-                self.batch_template = "\n".join([first, self.options.strip(), rest])
+            self.batch_template = _after_shebang(self.batch_template, self.options)
 
         def _run_command(self, command, **kwargs):
             self.log.debug("Running command: %s", shlex.join(command))
-            try:
-                proc = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, **kwargs)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                raise SlurmCommandError(f"{shlex.join(command)}: {exc}") from None
-            out, err = (proc.stdout.decode("utf8", "replace"), proc.stderr.decode("utf8", "replace"))
-            if proc.returncode != 0:
-                said = " ".join((err.strip() or out.strip() or "(nothing printed)").split())
-                raise SlurmCommandError(f"{os.path.basename(command[0])} exited with code {proc.returncode}: {said}")
-            return out
+            return run_slurm_command(command, **kwargs)
 
         def stop(self):
             try:
@@ -88,3 +78,25 @@ srun {srun_args} {program_and_args}
             return output
 
     return SlurmMPIEngineSetLauncher
+
+
+def run_slurm_command(command: list[str], **kwargs) -> str:
+    """Run a Slurm command (``sbatch``, ``scancel``; 60 s at most) and return what it printed; a
+    :class:`SlurmCommandError` with what it printed (stderr included) when it fails."""
+    try:
+        proc = subprocess.run(command, stdin=subprocess.DEVNULL, capture_output=True, timeout=60, **kwargs)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SlurmCommandError(f"{shlex.join(command)}: {exc}") from None
+    out, err = (proc.stdout.decode("utf8", "replace"), proc.stderr.decode("utf8", "replace"))
+    if proc.returncode != 0:
+        said = " ".join((err.strip() or out.strip() or "(nothing printed)").split())
+        raise SlurmCommandError(f"{os.path.basename(command[0])} exited with code {proc.returncode}: {said}")
+    return out
+
+
+def _after_shebang(template: str, options: str) -> str:
+    """A batch script's ``template`` with the ``options`` lines (``#SBATCH ...``) right after its shebang."""
+    if not options.strip():
+        return template
+    first, rest = template.split("\n", 1)
+    return "\n".join([first, options.strip(), rest])

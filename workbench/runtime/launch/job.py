@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import codecs
 import os
-import signal
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
+from ..processes import stop_processes
 from .heartbeat import Listener
 from .signals import handling_signals
 
@@ -182,67 +182,25 @@ class Job:
         try:
             import psutil
             root = psutil.Process(self.proc.pid)
-            for p in [root, *root.children(recursive=True)]:
+            self._known.setdefault(root.pid, root)  # mpiexec itself, whatever its children tell
+            for p in root.children(recursive=True):
                 self._known.setdefault(p.pid, p)
         except Exception:  # noqa: BLE001 - psutil missing, or mpiexec just ended
             pass
 
     def stop(self, immediate: bool = False) -> None:
-        """End every process of the job: SIGTERM (mpiexec passes it on, each rank's guard too),
-        SIGKILL after ``TERM_GRACE`` s, at once with ``immediate`` or when another signal comes."""
+        """End every process of the job (mpiexec and its descendants, each rank in its own session):
+        SIGTERM (mpiexec passes it on, each rank's guard too), SIGKILL after ``TERM_GRACE`` s, at once
+        with ``immediate`` or when another signal comes meanwhile; then wait up to 10 s for the ends."""
         if self.proc.poll() is None:
             self._remember_processes(force=True)
-        alive = [p for p in self._known.values() if running(p)]
-        if not alive and self.proc.poll() is not None:
-            return
         signals_before = len(self.signals)
-        if not immediate:
-            _send(alive, signal.SIGTERM, self.proc)
-            end = time.monotonic() + self.TERM_GRACE
-            while time.monotonic() < end and len(self.signals) == signals_before:
-                self.proc.poll()
-                alive = [p for p in alive if running(p)]
-                if not alive and self.proc.poll() is not None:
-                    return
-                time.sleep(self.POLL)
-        _send([p for p in alive if running(p)], signal.SIGKILL, self.proc)
-        end = time.monotonic() + 10
-        while time.monotonic() < end:
-            self.proc.poll()  # reap mpiexec: a zombie would look alive
-            if self.proc.returncode is not None and not any(running(p) for p in self._known.values()):
-                return
-            time.sleep(self.POLL)
+        stop_processes(self._known.values(), grace=0 if immediate else self.TERM_GRACE, kill_wait=10.0,
+                       hurry=lambda: len(self.signals) != signals_before, callback=self._reaped)
+        self.proc.poll()
 
-
-def pid_alive(pid) -> bool:
-    """``pid`` names a process of this host's process table that is not a zombie."""
-    if not isinstance(pid, int):
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def running(process) -> bool:
-    try:
-        import psutil
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except Exception:  # noqa: BLE001 - gone
-        return False
-
-
-def _send(processes, signum: int, proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        try:
-            proc.send_signal(signum)
-        except OSError:
-            pass
-    for p in processes:
-        try:
-            p.send_signal(signum)  # psutil checks that the pid was not reused
-        except Exception:  # noqa: BLE001 - it ended meanwhile
-            pass
-
-
+    def _reaped(self, process) -> None:
+        """psutil reaped mpiexec (our child) while stopping it: keep its exit status for the Popen,
+        which would otherwise read 0 (``ECHILD``)."""
+        if process.pid == self.proc.pid and self.proc.returncode is None and process.returncode is not None:
+            self.proc.returncode = int(process.returncode)

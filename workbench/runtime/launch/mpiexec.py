@@ -21,14 +21,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
 from ...checks import integer
 from . import slurm
 from .heartbeat import Listener, describe as describe_silent
-from .job import Job, running as _running
+from ..processes import alive as running, stop_processes
+from .job import Job
 from .blame import MPILaunchError, MPIResult, collect_output, failed_ranks, failure, rank_records, tail
 from .shm import remove_orphaned_shm
 from .signals import RunInterrupted
@@ -159,20 +159,14 @@ def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
     SIGKILL 3 s later). Then :class:`RunInterrupted` is raised. No process, temporary folder or
     orphaned ``/dev/shm`` segment of the job is left on any path.
     """
-    if not timeout > 0:  # NaN as well
-        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    if launcher not in LAUNCHER_NAMES:
-        raise ValueError(f"launcher must be one of {', '.join(LAUNCHER_NAMES)}, got {launcher!r}")
+    _check_launch(timeout, launcher)
     if job_dir is not None:
         Path(job_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="workbench-mpi-", dir=job_dir, ignore_cleanup_errors=True) as tmp:
         status_dir = Path(tmp) / "ranks"
         status_dir.mkdir()
         name = f"workbench-{os.getpid()}-{Path(tmp).name.rsplit('-', 1)[-1]}"  # unique: the temporary folder's
-        if launcher == "srun":
-            cmd = srun_command(nranks, python_args, srun_args=srun_args, guard_dir=status_dir, name=name)
-        else:
-            cmd = mpiexec_command(nranks, python_args, output_dir=tmp, guard_dir=status_dir, mpi_args=mpi_args)
+        cmd = _launch_command(launcher, nranks, python_args, tmp, name, srun_args, mpi_args)
         listener = Listener(heartbeat, nranks) if heartbeat else None
         env = {**(env or {}), **(listener.env if listener else {})}
         job = Job(cmd, rank_environment(env), cwd, stream, Path(tmp), status_dir, listener)
@@ -189,6 +183,33 @@ def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
         result = collect_output(job.launcher_output(), Path(tmp), nranks, labels=launcher == "srun")
         starts, ends = rank_records(status_dir)
     result.returncode = job.proc.returncode
+    _raise_unless_ok(job, outcome, result, nranks, starts, ends, cmd, timeout, launcher)
+    return result
+
+
+def _launch_command(launcher: str, nranks: int, python_args: Sequence[str], job_folder: str, name: str,
+                    srun_args: Sequence[str], mpi_args: Sequence[str]) -> list[str]:
+    """The job's argv: its ranks' output in ``job_folder`` (mpiexec), their guards' records in
+    ``job_folder/ranks``, ``name`` its srun step's (or job's) name."""
+    status_dir = Path(job_folder) / "ranks"
+    if launcher == "srun":
+        return srun_command(nranks, python_args, srun_args=srun_args, guard_dir=status_dir, name=name)
+    return mpiexec_command(nranks, python_args, output_dir=job_folder, guard_dir=status_dir, mpi_args=mpi_args)
+
+
+def _check_launch(timeout: float, launcher: str) -> None:
+    """A one-line ValueError for a timeout that is no positive number or an unknown launcher."""
+    if not timeout > 0:  # NaN as well
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if launcher not in LAUNCHER_NAMES:
+        raise ValueError(f"launcher must be one of {', '.join(LAUNCHER_NAMES)}, got {launcher!r}")
+
+
+def _raise_unless_ok(job: Job, outcome: str, result: MPIResult, nranks: int, starts: dict, ends: list,
+                     cmd: list[str], timeout: float, launcher: str) -> None:
+    """After the job: remove what a failed job left in ``/dev/shm``, then raise :class:`RunInterrupted`
+    (this process got a signal), or :class:`MPILaunchError` for a rank gone silent (``lost``), the
+    timeout or a non-zero exit; return for a job that succeeded."""
     if outcome != "exited" or result.returncode != 0:
         remove_orphaned_shm()
     if job.signals:
@@ -206,7 +227,6 @@ def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
             f"{' '.join(cmd)}\n{tail(result.output)}", failed_ranks(result), result.output)
     if result.returncode != 0:
         raise failure(nranks, result, starts, ends, abort_kills_all=launcher == "srun", vanished=job.vanished)
-    return result
 
 
 def _stop_steps(status_dir: Path, name: str, ended_by_itself: bool, timeout: float = 15.0) -> None:
@@ -232,20 +252,14 @@ def _stop_steps(status_dir: Path, name: str, ended_by_itself: bool, timeout: flo
             continue
         for pid in (start.get("guard_pid"), start.get("pid")):
             try:
-                alive.append(psutil.Process(pid))
+                if pid is not None:  # psutil.Process(None) would be this process
+                    alive.append(psutil.Process(pid))
             except (psutil.NoSuchProcess, TypeError):
                 pass
-    alive = [p for p in alive if _running(p)]
+    alive = [p for p in alive if running(p)]
     if not alive:
         return
     steps = sorted({s["slurm_step"] for s in starts.values() if s.get("slurm_step")})
     slurm.cancel(steps, signal="KILL")
-    deadline = time.monotonic() + timeout
-    while alive and time.monotonic() < deadline:
-        time.sleep(0.05)
-        alive = [p for p in alive if _running(p)]
-    for p in alive:  # not ours to keep: Slurm did not end them in time
-        try:
-            p.kill()
-        except Exception:  # noqa: BLE001 - gone
-            pass
+    # Slurm ends them (first=None: scancel was the first signal); those it did not end in time are killed
+    stop_processes(alive, grace=timeout, first=None)

@@ -14,7 +14,8 @@ node that stopped answering from one that is busy).
 
 Signals the guard receives (``mpiexec`` forwarding one, the launcher cleaning up) are passed to
 the rank; if the guard itself is killed, the rank is killed too (``PR_SET_PDEATHSIG``, Linux).
-Standard library only, and run by path, so it starts in a few milliseconds.
+Standard library only (and :mod:`workbench.files`, loaded by path), run by path, so it starts in a few
+milliseconds.
 """
 import json
 import os
@@ -34,12 +35,23 @@ def _rank() -> str:
     return f"pid{os.getpid()}"
 
 
+def _atomic_write():
+    """:func:`workbench.files.atomic_write`, loaded by path (``workbench/files.py``, which imports
+    only ``os``): the guard imports no package, so that it starts in milliseconds."""
+    import importlib.util
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "files.py")
+    spec = importlib.util.spec_from_file_location("_workbench_files", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.atomic_write
+
+
+atomic_write = _atomic_write()
+
+
 def _write(path: str, record: dict) -> None:
     try:
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(record, f)
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(record))
     except OSError:  # the launcher's folder is gone (it was interrupted): nothing to tell
         pass
 

@@ -16,14 +16,15 @@ from pathlib import Path
 import psutil
 
 from workbench.runtime.launch.signals import STOP_SIGNALS
-from workbench.runtime.launch.slurm_local import DEFAULT_ROOT, LocalSlurm, SlurmUnavailable, _alive, _kill, leftover_pids
+from workbench.runtime.launch.slurm_local import DEFAULT_ROOT, LocalSlurm, SlurmUnavailable, _kill, leftover_pids
+from workbench.runtime.processes import alive
 
 
 def _up_pid(root: Path) -> int | None:
     """The pid of the ``up`` running for ``root``, if any."""
     try:
         pid = int((root / "up.pid").read_text())
-        return pid if str(root) in " ".join(psutil.Process(pid).cmdline()) and _alive(pid) else None
+        return pid if str(root) in " ".join(psutil.Process(pid).cmdline()) and alive(pid) else None
     except (OSError, ValueError, psutil.Error):
         return None
 

@@ -35,6 +35,7 @@ from pathlib import Path
 import psutil
 
 from workbench.runtime.launch.ports import free_port
+from workbench.runtime.processes import stop_processes
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("srun", "sbatch", "squeue", "scancel", "sinfo")
@@ -56,13 +57,6 @@ def _tail(path: Path, lines: int = 3) -> str:
     return " | ".join([line for line in text if line][-lines:])[-800:]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def leftover_pids(root: Path, cluster: str | None = None) -> list[int]:
     """Processes of the instance under ``root``: its daemons and slurmstepds (they carry
     ``MARK=root``) and its jobs' tasks (``SLURM_CLUSTER_NAME=cluster``); never this process or
@@ -78,20 +72,8 @@ def leftover_pids(root: Path, cluster: str | None = None) -> list[int]:
 
 
 def _kill(pids, timeout: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL whatever is still alive after ``timeout``."""
-    procs = []
-    for pid in pids:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            procs.append(psutil.Process(pid))
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 5.0)):
-        for proc in procs:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.send_signal(sig)
-        deadline = time.monotonic() + wait
-        while procs and time.monotonic() < deadline:   # wait_procs reaps our children; others may be zombies
-            procs = [p for p in psutil.wait_procs(procs, timeout=0.05)[1] if _alive(p.pid)]
-        if not procs:
-            return
+    """SIGTERM, then SIGKILL whatever is still alive after ``timeout`` (5 s more for that)."""
+    stop_processes(pids, grace=timeout, kill_wait=5.0)
 
 
 def _die_with_parent() -> None:

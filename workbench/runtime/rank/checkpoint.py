@@ -5,7 +5,7 @@ Layout under the run directory::
     checkpoint/step-000040/rank0.pt ... rankN.pt   one file per rank (torch.save of tensors)
     checkpoint/latest.json                          {"step": 40, "ranks": N}, written last
 
-Every rank writes its file to a temporary name and renames it; after a barrier rank 0 replaces
+Every rank writes its file atomically (:mod:`workbench.files`); after a barrier rank 0 replaces
 ``latest.json`` atomically and only then deletes older step directories. A crash at any point
 leaves ``latest.json`` naming a complete set. Synchronous algorithms call :func:`save`
 collectively at the same step on every rank.
@@ -24,10 +24,11 @@ initialising MPI.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from ...files import atomic_path, atomic_write
 
 if TYPE_CHECKING:
     from mpi4py import MPI
@@ -42,15 +43,11 @@ def save(run_dir: Path, step: int, state: dict, comm: MPI.Comm) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     import torch
     rank = comm.Get_rank()
-    tmp = folder / f"rank{rank}.pt.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, folder / f"rank{rank}.pt")
+    with atomic_path(folder / f"rank{rank}.pt") as tmp:
+        torch.save(state, tmp)
     comm.Barrier()  # every rank's file exists before the manifest names the step
     if rank == 0:
-        manifest = root / "latest.json"
-        tmp_manifest = root / "latest.json.tmp"
-        tmp_manifest.write_text(json.dumps({"step": step, "ranks": comm.Get_size()}))
-        os.replace(tmp_manifest, manifest)
+        atomic_write(root / "latest.json", json.dumps({"step": step, "ranks": comm.Get_size()}))
         for old in root.glob("step-*"):
             if old != folder:
                 shutil.rmtree(old, ignore_errors=True)
@@ -85,9 +82,8 @@ def save_own(run_dir: Path, rank: int, nranks: int, state: dict) -> None:
     folder = Path(run_dir) / "checkpoint" / "async"
     folder.mkdir(parents=True, exist_ok=True)
     import torch
-    tmp = folder / f"rank{rank}.pt.tmp"
-    torch.save({**state, "ranks": nranks}, tmp)
-    os.replace(tmp, folder / f"rank{rank}.pt")
+    with atomic_path(folder / f"rank{rank}.pt") as tmp:
+        torch.save({**state, "ranks": nranks}, tmp)
 
 
 def load_own(run_dir: Path, rank: int, nranks: int) -> dict | None:
