@@ -21,7 +21,7 @@ ROOT = Path(workbench.__file__).parent
 #: its profiler and executor use torch)
 PURE = ["workbench.schedules", "workbench.network", "workbench.netsim", "workbench.config", "workbench.results",
         "workbench.store", "workbench.summary", "workbench.telemetry", "workbench.checks", "workbench.sizes",
-        "workbench.comm.names", "workbench.comm.options", "workbench.comm.buckets", "workbench.netsim.predict",
+        "workbench.comm.names", "workbench.comm.options", "workbench.comm.hookspec", "workbench.comm.buckets", "workbench.netsim.predict",
         "workbench.runtime.rundir", "workbench.runtime.stream", "workbench.collectives",
         "workbench.burst.graph", "workbench.burst.plan", "workbench.burst.costs", "workbench.burst.planner",
         "workbench.burst.deeppool", "workbench.burst.multiplex", "workbench.burst.pictures", "workbench.vcluster",

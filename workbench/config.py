@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .checks import integer
+from .comm.hookspec import check_hook
 from .comm.names import algorithm_names as collective_names
 from .comm.options import DEFAULT_SPARSE_CHUNK, Communication, CommunicationError, resolve
 from .optim.registry import ALGORITHMS
@@ -146,6 +147,7 @@ class RunConfig:
     warmup_epochs: int = 0
     residual: bool = True
     momentum_correction: bool = True
+    comm_hook: str | None = None  # "module:function": a gradient hook (workbench.comm.hookspec)
     eval_every: int = 10
     checkpoint_every: int = 0
     telemetry: bool = True
@@ -209,6 +211,8 @@ class RunConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name} must be true or false; got {getattr(self, name)!r}")
         self._check_model_and_data()
+        if self.comm_hook is not None:
+            check_hook(self.comm_hook, error=ConfigError)
         if (self.fail_rank is None) != (self.fail_step is None):
             raise ConfigError("fail_rank and fail_step go together (both set or both unset)")
         if self.fail_rank is not None:

@@ -24,6 +24,7 @@ from ..comm import allreduce
 from ..comm.buckets import bucket_bounds
 from ..comm.buffers import FlatBuffer
 from ..comm.hooks import dense_bytes
+from ..comm.hookspec import load_hook
 from ..comm.implementations import buffer_wire_bytes
 from ..comm.mpi_allreduce import choose
 from ..comm.names import AUTO
@@ -119,8 +120,9 @@ class SyncSGD(SyncAlgorithm):
         super().__init__(ctx)
         cfg = ctx.cfg
         self.options = cfg.communication_options
+        hook = load_hook(cfg.comm_hook) if cfg.comm_hook else None  # a user's hook in place of dense/CSC
         self.reducer = GradientReducer(ctx.flat.params, ctx.flat.bounds, ctx.flat.grad, ctx.comm, cfg.collective,
-                                       self.options, momentum=cfg.momentum, timeout=cfg.comm_timeout)
+                                       self.options, momentum=cfg.momentum, timeout=cfg.comm_timeout, hook=hook)
         self.csc = self.reducer.csc  # CSC's state (momentum, residual, ratio), or None
 
     def final_weights(self) -> torch.Tensor:
