@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from ..deadline import Deadline
@@ -54,7 +55,7 @@ class PrecisionState(HookState):
     def decide(self, wire: Wire, deadline: Deadline) -> bool:
         """No rank saw an overflow (one all-reduced float, counted as a message), and the inner
         state agrees."""
-        flag = torch.tensor([1.0 if self.overflow else 0.0], dtype=torch.float32)
+        flag = np.array([1.0 if self.overflow else 0.0], dtype=np.float32)
         wire.control(flag, collective=NATIVE).wait(deadline.left())
         return bool(flag[0] == 0) and self.inner.decide(wire, deadline)
 
