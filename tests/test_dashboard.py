@@ -198,3 +198,15 @@ def test_buckets_in_flight_get_rows_and_the_status_line_shows_bytes_on_the_wire(
     comm = next(t for t in dash.timeline.data if t.name == "comm")
     assert {"rank 0 in flight", "rank 1 in flight"} <= set(comm.y)  # the buckets beside backward
     assert f"on the wire {format_bytes(result.summary['wire_bytes_per_step'])}/step per rank" in dash.status.value
+
+
+def test_bytes_on_the_wire_come_from_the_byte_counter_not_from_spans():
+    """The run's one byte counter: a finished run's summary; a live run's train records (each
+    rank's counter when the record was made, after ``step`` steps); nothing without either."""
+    from workbench.dashboard.figures import wire_bytes_per_step
+    train_rows = pd.DataFrame([{"kind": "train", "rank": r, "step": s, "wire_bytes": 100 * (r + 1) * s}
+                               for r in (0, 1) for s in range(5)])
+    assert wire_bytes_per_step(None, train_rows) == (100 + 200) / 2
+    assert wire_bytes_per_step({"wire_bytes_per_step": 42.0}, train_rows) == 42.0
+    assert wire_bytes_per_step({}, train_rows.drop(columns="wire_bytes")) is None
+    assert wire_bytes_per_step(None, train_rows.iloc[0:0]) is None

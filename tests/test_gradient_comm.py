@@ -91,3 +91,16 @@ def test_unequal_shards_take_the_same_steps_on_every_rank(tmp_path):
     cfg = RunConfig(algorithm="sync-sgd", ranks=RANKS, epochs=2, batch_size=8, sparse_ratio=0.1, warmup_epochs=1)
     summary = train(cfg, tmp_path, timeout=180)
     assert summary["steps_per_worker"] * RANKS == summary["steps"] == 4 * 2 * 44
+
+
+def test_csc_resumes_with_its_momentum_and_residual_bit_for_bit(tmp_path):
+    """CSC's momentum and residual (its hook state) are checkpointed with the weights: a run
+    that fails and resumes ends where the uninterrupted one does."""
+    from workbench.runtime.launch.mpiexec import MPILaunchError
+    base = dict(algorithm="sync-sgd", ranks=3, epochs=2, collective="ring", checkpoint_every=20,
+                sparse_ratio=0.1, wire_dtype="fp16")
+    whole = train(RunConfig(**base), tmp_path / "whole", timeout=240)
+    with pytest.raises(MPILaunchError):
+        train(RunConfig(**base, fail_rank=1, fail_step=50), tmp_path / "broken", timeout=240)
+    resumed = train(RunConfig(**base), tmp_path / "resumed", resume=tmp_path / "broken", timeout=240)
+    assert resumed["weights_checksum"] == whole["weights_checksum"]

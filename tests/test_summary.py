@@ -31,7 +31,7 @@ def _events(rank: int = 0) -> list[dict]:
              ("allreduce:ring", "comm", 0.3, 0.9), ("join_allreduce", "wait", 0.5, 1.0),
              ("update", "compute", 1.0, 1.2), ("exchange", "comm", 1.2, 1.6)]
     return [{"name": n, "cat": c, "ph": "X", "ts": a * US, "dur": (b - a) * US, "pid": rank, "tid": 0,
-             "args": {"bytes_sent": 100} if n.startswith("allreduce") else {}} for n, c, a, b in spans]
+             "args": {"wire_bytes": 100} if n.startswith("allreduce") else {}} for n, c, a, b in spans]
 
 
 def test_comm_fraction_is_exposed_communication_over_wall_time():
@@ -62,9 +62,12 @@ def test_time_shares_of_a_window_and_of_no_spans():
     assert time_shares([]) == {"compute": 0.0, "comm": 0.0, "wait": 0.0, "io": 0.0, "other": 1.0}
 
 
-def _report(rank: int, steps: int, wall: float = 2.0) -> summary.RankReport:
+def _report(rank: int, steps: int, wall: float = 2.0, telemetry: bool = True) -> summary.RankReport:
+    """A rank that sent 10 bytes, and 100 more when it trained (its one byte counter)."""
     metrics = [{"kind": "train", "rank": rank, "step": s, "t": 0.1 * s, "loss": 1.0 + rank} for s in range(steps)]
-    return summary.rank_report(rank, wall, 0.5, steps, False, 10, metrics, _events(rank) if steps else [])
+    traffic = {"wire_bytes": 10 + (100 if steps else 0), "messages": 1 + (1 if steps else 0)}
+    return summary.rank_report(rank, wall, 0.5, steps, False, 0, metrics,
+                               _events(rank) if steps and telemetry else [], traffic)
 
 
 def test_build_summary_holds_the_design_contract_and_counts_steps_once():
@@ -76,6 +79,8 @@ def test_build_summary_holds_the_design_contract_and_counts_steps_once():
     assert set(result) <= set(typing.get_type_hints(summary.Summary))
     assert (result["steps"], result["steps_per_worker"], result["workers"]) == (10, 6, 2)
     assert result["wall_seconds"] == 2.5 and result["bytes_sent"] == 3 * 10 + 2 * 100
+    # one byte counter: bytes_sent (kept one release) is wire_bytes summed over the ranks
+    assert result["bytes_sent"] == pytest.approx(3 * result["wire_bytes"])
     assert result["comm_fraction"] == pytest.approx((0.0 + 0.45 + 0.45) / 3)
     assert result["comm_fraction_workers"] == pytest.approx(0.45)
     assert "weights_checksum" not in result and result["evaluations"] == 0
@@ -85,6 +90,10 @@ def test_build_summary_holds_the_design_contract_and_counts_steps_once():
     off = summary.build_summary(RunConfig(algorithm="sync-sgd", ranks=2, epochs=1, telemetry=False),
                                 [_report(0, 3), _report(1, 3)], final, 123)
     assert off["comm_fraction"] is None and off["comm_fraction_workers"] is None
+    dark = summary.build_summary(RunConfig(algorithm="async-easgd", ranks=3, epochs=1, telemetry=False),
+                                 [_report(0, 0, telemetry=False), _report(1, 4, telemetry=False),
+                                  _report(2, 6, telemetry=False)], final, 123)
+    assert (dark["bytes_sent"], dark["wire_bytes"]) == (result["bytes_sent"], result["wire_bytes"])  # no spans needed
 
 
 def test_the_store_the_cli_and_run_result_read_the_schema():
@@ -107,7 +116,10 @@ def test_traffic_is_per_rank_averaged_over_ranks_and_per_step_of_a_worker():
     assert (result["wire_bytes"], result["dense_wire_bytes"], result["messages"]) == (2000, 4000, 10)
     assert (result["wire_bytes_per_step"], result["messages_per_step"]) == (500, 2.5)
     assert result["compression_ratio"] == 2.0 and result["skipped_steps"] == 1
-    silent = summary.build_summary(cfg, [_report(0, 4), _report(1, 4)], final, parameters=123)
+    quiet = [_report(0, 4), _report(1, 4)]
+    for report in quiet:
+        report["traffic"] = dict.fromkeys(summary.TRAFFIC_KEYS, 0)
+    silent = summary.build_summary(cfg, quiet, final, parameters=123)
     assert silent["wire_bytes"] == 0 and silent["compression_ratio"] is None  # nothing counted: no ratio
 
 

@@ -21,6 +21,7 @@ from functools import cache
 from typing import Any, NamedTuple
 
 from .checks import integer
+from .comm.hookspec import check_hook
 from .comm.names import algorithm_names as collective_names
 from .comm.options import PRESETS, WIRE_DTYPES, Communication, CommunicationError, resolve
 from .optim.registry import ALGORITHMS
@@ -128,6 +129,13 @@ class RunConfig:
     momentum_correction: bool = option(_COMM["momentum_correction"], "CSC: momentum before the selection "
                                        "(--no-momentum-correction: after the exchange, the ablation)",
                                        group="gradient communication")
+    comm_hook: str | None = option(
+        None, "a gradient hook 'module:function' in place of the dense all-reduce (function(state, bucket) -> Work; "
+              "docs/architecture.md, \"How to add a communication hook\")",
+        check=lambda name, value: value is None or check_hook(value, error=ConfigError), metavar="MODULE:FUNCTION",
+        uses=lambda s: s.reduces_gradients, group="gradient communication",
+        ignored="{algorithm} {what}, so it cannot use comm_hook={value!r}; leave it unset (gradient hooks apply to "
+                "{users})")
     eval_every: int = option(10, "evaluate every N steps (master: arrivals)", check=integer_check(1), type=int)
     checkpoint_every: int = option(0, "checkpoint every N steps (0: never)", check=integer_check(0), type=int)
     telemetry: bool = option(True, "record spans for the timeline (--no-telemetry: counters only)", check=boolean_check)
@@ -155,6 +163,9 @@ class RunConfig:
         ignored = ignored_options(self.algorithm, {**self.to_dict(), **self._preset()})
         if ignored:
             raise ConfigError(ignored[0][1])
+        if self.comm_hook is not None and comm.sparse:
+            raise ConfigError(f"comm_hook={self.comm_hook!r} replaces the all-reduce that coarse-grained sparse "
+                              f"communication does; leave sparse_ratio unset (got {comm.sparse_ratio!r}) or drop comm_hook")
         if spec.master_based and comm.fusion_bytes not in (None, 0):
             raise ConfigError(f"fusion_bytes: {self.algorithm} is master-based: its workers send one message per "
                               f"exchange (fusion_bytes unset) or one per tensor (0); got {comm.fusion_bytes!r}")

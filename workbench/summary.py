@@ -44,8 +44,9 @@ class Summary(TypedDict, total=False):
     comm_fraction: float | None      # telemetry.comm_fraction, mean over ranks (None: telemetry off)
     comm_fraction_workers: float | None  # the same over the ranks that train
     time_in: dict[str, float]        # seconds in each span category and exposed_comm, mean over ranks
-    bytes_sent: int                  # sent by all ranks: exchanges and all-reduces
-    # gradient/weight exchange traffic, per rank averaged over ranks (telemetry on or off)
+    bytes_sent: int                  # deprecated (one release): wire_bytes summed over the ranks
+    # traffic from each rank's one byte counter (workbench.comm.hooks.Traffic; telemetry on or
+    # off), per rank averaged over ranks
     wire_bytes: float                # bytes one rank put on the wire over the whole run
     dense_wire_bytes: float          # what dense fp32 with the same algorithm and collective would have sent
     messages: float                  # messages (all-reduce calls, CSC norms included; point-to-point sends)
@@ -105,7 +106,6 @@ class RankReport(TypedDict):
     comm_fraction: float   # telemetry.comm_fraction of its spans
     steps: int             # training steps taken (0 on a master)
     cancelled: bool
-    bytes_sent: int
     traffic: dict[str, int]  # wire_bytes, dense_wire_bytes, messages, skipped_steps (Context.traffic)
     metrics: list[dict]
     events: list[dict]
@@ -115,18 +115,15 @@ class RankReport(TypedDict):
 TRAFFIC_KEYS = ("wire_bytes", "dense_wire_bytes", "messages", "skipped_steps")
 
 
-def rank_report(rank: int, wall: float, setup: float, steps: int, cancelled: bool, bytes_sent: int,
+def rank_report(rank: int, wall: float, setup: float, steps: int, cancelled: bool, _unused: int,
                 metrics: list[dict], events: list[dict], traffic: dict[str, int] | None = None) -> RankReport:
-    """One rank's report. ``bytes_sent``: bytes its exchanges sent outside the all-reduces;
-    the all-reduce spans' ``bytes_sent`` (``allreduce:*``, ``iallreduce:*``) are added here.
-    ``traffic``: the rank's counters (:attr:`~workbench.runtime.rank.context.Context.traffic`)."""
+    """One rank's report. ``traffic``: the rank's counters, the one byte counter included
+    (:attr:`~workbench.runtime.rank.context.Context.traffic`). ``_unused``: the place of the
+    old point-to-point byte count, which ``traffic`` holds too (kept while the worker passes it)."""
     time_in = {cat: busy_seconds(events, (cat,)) for cat in CATEGORIES}
     time_in["exposed_comm"] = exposed_comm_seconds(events)
-    allreduce_bytes = sum(e["args"].get("bytes_sent", 0) for e in events
-                          if e["name"].startswith(("allreduce:", "iallreduce:")))
     return {"rank": rank, "wall": wall, "setup": setup, "time_in": time_in,
             "comm_fraction": comm_fraction(events, wall), "steps": steps, "cancelled": cancelled,
-            "bytes_sent": bytes_sent + allreduce_bytes,
             "traffic": {key: int((traffic or {}).get(key, 0)) for key in TRAFFIC_KEYS},
             "metrics": metrics, "events": events}
 
@@ -157,7 +154,7 @@ def build_summary(cfg: "RunConfig", reports: list[RankReport], final_eval: dict,
         "comm_fraction_workers": _mean(r["comm_fraction"] for r in reports if r["steps"] > 0)
         if cfg.telemetry else None,
         "time_in": {cat: _mean(r["time_in"][cat] for r in reports) for cat in (*CATEGORIES, "exposed_comm")},
-        "bytes_sent": sum(r["bytes_sent"] for r in reports),
+        "bytes_sent": sum(int(r["traffic"]["wire_bytes"]) for r in reports),  # deprecated: wire_bytes x ranks
         "parameters": parameters,
     }
     summary.update(traffic_summary(reports, summary["steps_per_worker"]))

@@ -19,7 +19,7 @@ from workbench.comm import (Handle, LengthMismatchError, allreduce, iallreduce, 
                             waitall)
 from workbench.comm.buffers import FlatBuffer
 from workbench.comm.executor import private_comm
-from workbench.comm.implementations import bytes_sent
+from workbench.comm.implementations import buffer_wire_bytes
 from workbench.comm.mpi_allreduce import choose
 from workbench.comm.tuning import Tuner
 from workbench.telemetry import Telemetry, recording
@@ -66,9 +66,9 @@ def test_iallreduce_equals_blocking_allreduce(comm_name, algorithm, kind, dtype)
         if comm.Get_size() > 1:
             ran = choose(flat, comm) if algorithm == "auto" else algorithm
             assert handle.algorithm == ran
-            assert handle.bytes_sent == bytes_sent(flat, comm, ran)
+            assert handle.wire_bytes == buffer_wire_bytes(flat, comm, ran)
         else:
-            assert handle.bytes_sent == 0
+            assert handle.wire_bytes == 0
     assert progress() == 0
 
 
@@ -148,7 +148,7 @@ def test_one_rank_is_done_at_issue():
     buf = np.arange(10.0)
     handle = iallreduce(buf, MPI.COMM_SELF, "auto")
     assert handle.done and handle.test() and handle.wait(timeout=0) is buf
-    assert handle.algorithm == "native" and handle.bytes_sent == 0 and handle.nbytes == 80
+    assert handle.algorithm == "native" and handle.wire_bytes == 0 and handle.nbytes == 80
     assert (buf == np.arange(10.0)).all()
 
 
@@ -178,10 +178,10 @@ def test_telemetry_records_one_comm_span_per_handle_from_issue_to_completion():
     assert set(spans) == {"iallreduce:ring", "iallreduce:native"} and len(rec.events) == 2
     ring, native = spans["iallreduce:ring"], spans["iallreduce:native"]
     assert ring["cat"] == "comm" and ring["dur"] > 0
-    assert ring["args"] == {"bytes": 4000, "bytes_sent": a.bytes_sent, "algorithm": "ring", "requested": "ring",
+    assert ring["args"] == {"bytes": 4000, "wire_bytes": a.wire_bytes, "algorithm": "ring", "requested": "ring",
                             "dtype": "float32"}
     assert native["args"]["bytes"] == 20 and native["args"]["dtype"] == "bfloat16"
-    assert native["args"]["bytes_sent"] == round(2 * (SIZE - 1) / SIZE * 10 * 4)  # float32 on the wire
+    assert native["args"]["wire_bytes"] == round(2 * (SIZE - 1) / SIZE * 10 * 4)  # float32 on the wire
 
 
 @pytest.mark.parametrize("algorithm", list(schedules.ALGORITHMS))

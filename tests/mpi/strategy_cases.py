@@ -28,7 +28,7 @@ os.environ.setdefault("WORKBENCH_TUNING_CACHE", "none")  # a direct mpiexec run 
 
 from workbench.comm import allreduce  # noqa: E402 - lazy name
 from workbench.comm.buffers import FlatBuffer  # noqa: E402
-from workbench.comm.implementations import bytes_sent  # noqa: E402
+from workbench.comm.implementations import buffer_wire_bytes  # noqa: E402
 from workbench.comm.mpi_allreduce import choose  # noqa: E402
 from workbench.comm.options import Communication  # noqa: E402
 from workbench.comm.strategies import BACKOFF, INITIAL_LOSS_SCALE, GradientReducer  # noqa: E402
@@ -86,7 +86,9 @@ class Rig:
         self.flat = FlatParams(self.module)
         self.reducer = GradientReducer(self.flat.params, self.flat.bounds, self.flat.grad, comm, collective,
                                        options, momentum=momentum, timeout=WAIT)
-        self.state = self.reducer.state
+        self.traffic = self.reducer.traffic  # the one byte counter
+        self.csc = self.reducer.csc  # CSC's state (None for the dense hook)
+        self.precision = self.reducer.state  # wire precision's state (fp16/bf16)
 
     def local_gradient(self, step: int) -> torch.Tensor:
         """This rank's gradient at the current weights for ``step``, flat; computed with
@@ -97,7 +99,9 @@ class Rig:
     def backward(self, step: int, ratio: float = 1.0) -> int:
         """start, zero_grad, forward and backward; returns how many buckets were issued by the
         time backward returned (the hooks issue them when ``overlap``)."""
-        self.reducer.start(ratio)
+        if self.csc is not None:
+            self.csc.ratio = ratio
+        self.reducer.start()
         self.flat.zero_grad()
         loss_of(self.module, self.rank, step).backward()
         return len(self.reducer._issued)
@@ -139,7 +143,7 @@ def dense_message_bytes(elements: int, itemsize: int, comm, collective: str) -> 
     if collective == "native":
         return round(2 * (n - 1) / n * elements * itemsize)
     dtype = {4: np.float32, 2: np.float16}[itemsize]
-    return bytes_sent(FlatBuffer(np.empty(elements, dtype=dtype)), comm, collective)
+    return buffer_wire_bytes(FlatBuffer(np.empty(elements, dtype=dtype)), comm, collective)
 
 
 def expected_selection(rig: Rig, v_before: torch.Tensor, ratio: float) -> list[torch.Tensor]:
@@ -152,7 +156,7 @@ def expected_selection(rig: Rig, v_before: torch.Tensor, ratio: float) -> list[t
         part = v_before[bucket.start:bucket.stop]
         chunks = -(-part.numel() // c)
         norms = torch.stack([part[i * c:(i + 1) * c].abs().sum() for i in range(chunks)])
-        norms = summed(rig.comm, norms, rig.reducer.state.collective)
+        norms = summed(rig.comm, norms, rig.reducer.wire.collective)
         keep = chunks if ratio >= 1 else min(chunks, math.ceil(ratio * chunks))
         ranked = sorted(range(chunks), key=lambda i: (-float(norms[i]), i))
         out.append(torch.tensor(sorted(ranked[:keep]), dtype=torch.int64))
@@ -193,7 +197,7 @@ def test_fusion_threshold_sets_the_buckets_and_the_message_count(comm_name, mode
     assert all(b.buffer.data_ptr() == rig.flat.grad[b.start:].data_ptr() for b in buckets)
     for step in range(2):
         assert rig.step(step)
-        assert rig.state.messages == (step + 1) * len(buckets)
+        assert rig.traffic.messages == (step + 1) * len(buckets)
     rig.close()
 
 
@@ -242,7 +246,7 @@ def test_on_one_rank_the_reducer_leaves_the_local_gradient(overlap):
     local = rig.local_gradient(0)
     assert rig.step(0)
     assert torch.equal(rig.flat.grad, local)
-    assert rig.state.wire_bytes == rig.state.dense_wire_bytes == 0
+    assert rig.traffic.wire_bytes == rig.traffic.dense_wire_bytes == 0
     rig.close()
 
 
@@ -281,8 +285,8 @@ def test_overlap_issues_buckets_while_backward_runs(theta, collective):
 
 def test_without_overlap_nothing_is_issued_before_finish():
     rig = Rig(WORLD, Communication(fusion_bytes=0, overlap=False), "deep")
-    assert rig.backward(0) == 0 and rig.state.messages == 0
-    assert rig.reducer.finish() and rig.state.messages == len(rig.reducer.buckets)
+    assert rig.backward(0) == 0 and rig.traffic.messages == 0
+    assert rig.reducer.finish() and rig.traffic.messages == len(rig.reducer.buckets)
     rig.close()
 
 
@@ -299,7 +303,7 @@ def test_csc_selects_the_same_chunks_on_every_rank(comm_name, collective, theta,
     expected_digest = hashlib.sha256()
     fewer = False
     for step in range(4):
-        u0, v0 = rig.state.u.clone(), rig.state.v.clone()
+        u0, v0 = rig.csc.u.clone(), rig.csc.v.clone()
         g = rig.local_gradient(step)
         u1 = momentum * u0 + g  # momentum correction
         v1 = v0 + u1            # residual
@@ -317,17 +321,17 @@ def test_csc_selects_the_same_chunks_on_every_rank(comm_name, collective, theta,
             sent[bucket.start:bucket.stop] = chunk_mask(bucket.numel, chunk, chosen)
         for record in dense_first + sparse_then:
             expected_digest.update(record)
-        assert rig.state.selection_digest == expected_digest.hexdigest()
+        assert rig.csc.selection_digest == expected_digest.hexdigest()
         # what was sent is the sum over ranks of the accumulator on the chosen chunks, the rest 0
         torch.testing.assert_close(rig.flat.grad, summed(comm, torch.where(sent, v1, 0.0)), rtol=1e-5, atol=1e-6)
         assert (rig.flat.grad[~sent] == 0).all()
         # the residual keeps the rest; momentum factor masking clears the sent chunks in u
-        assert torch.equal(rig.state.v, torch.where(sent, 0.0, v1))
-        assert torch.equal(rig.state.u, torch.where(sent, 0.0, u1))
+        assert torch.equal(rig.csc.v, torch.where(sent, 0.0, v1))
+        assert torch.equal(rig.csc.u, torch.where(sent, 0.0, u1))
         with torch.no_grad():  # a step, so the gradients move
             rig.flat.data.sub_(0.1 * rig.flat.grad / comm.Get_size())
     assert fewer  # non-trivial: ratio < 1 sent fewer than all chunks
-    digests = comm.allgather(rig.state.selection_digest)
+    digests = comm.allgather(rig.csc.selection_digest)
     assert len(set(digests)) == 1 and digests[0]
     assert same_on_every_rank(comm, digest(rig.flat.data))
     rig.close()
@@ -354,18 +358,18 @@ def test_dense_wire_bytes_follow_the_formula(comm_name, collective, wire, theta)
     fp32 = sum(dense_message_bytes(n, 4, comm, collective) for n in lengths)
     half = sum(dense_message_bytes(n, 2, comm, ran) for n in lengths)
     decision = dense_message_bytes(1, 4, comm, "native")
-    assert rig.state.dense_wire_bytes == steps * fp32
+    assert rig.traffic.dense_wire_bytes == steps * fp32
     if wire == "fp32":
-        assert rig.state.wire_bytes == steps * fp32
-        assert rig.state.messages == steps * len(lengths)
+        assert rig.traffic.wire_bytes == steps * fp32
+        assert rig.traffic.messages == steps * len(lengths)
     else:
-        assert rig.state.wire_bytes == steps * (half + decision)
-        assert rig.state.messages == steps * (len(lengths) + 1)
+        assert rig.traffic.wire_bytes == steps * (half + decision)
+        assert rig.traffic.messages == steps * (len(lengths) + 1)
         same = sum(dense_message_bytes(n, 4, comm, ran) for n in lengths)  # fp32 over what ran
         exact = ran == "ring" or comm.Get_size() in (1, 2, 4)  # 2(n-1)/n * 2 bytes is whole
         assert abs(2 * half - same) <= (0 if exact else len(lengths))
     if comm.Get_size() == 1:
-        assert rig.state.wire_bytes == 0
+        assert rig.traffic.wire_bytes == 0
     rig.close()
 
 
@@ -381,7 +385,7 @@ def test_csc_wire_bytes_are_the_norms_plus_the_packed_chunks(comm_name, collecti
     itemsize = 4 if wire == "fp32" else 2
     wire_bytes = dense = messages = 0
     for step in range(3):
-        v1 = rig.state.v + (momentum * rig.state.u + rig.local_gradient(step))
+        v1 = rig.csc.v + (momentum * rig.csc.u + rig.local_gradient(step))
         selection = expected_selection(rig, v1, ratio)
         assert rig.step(step, ratio)
         for bucket, chosen in zip(rig.reducer.buckets, selection):
@@ -398,9 +402,9 @@ def test_csc_wire_bytes_are_the_norms_plus_the_packed_chunks(comm_name, collecti
         if wire != "fp32":
             wire_bytes += dense_message_bytes(1, 4, comm, "native")
             messages += 1
-        assert (rig.state.wire_bytes, rig.state.dense_wire_bytes, rig.state.messages) == (wire_bytes, dense, messages)
+        assert (rig.traffic.wire_bytes, rig.traffic.dense_wire_bytes, rig.traffic.messages) == (wire_bytes, dense, messages)
     if ratio < 1 and comm.Get_size() > 1:  # buckets of one chunk still go whole
-        assert rig.state.wire_bytes < 2 * ratio * rig.state.dense_wire_bytes
+        assert rig.traffic.wire_bytes < 2 * ratio * rig.traffic.dense_wire_bytes
     rig.close()
 
 
@@ -427,7 +431,8 @@ def test_csc_residual_conserves_every_gradient_in_float64(comm_name, collective,
     reducer = GradientReducer(params, bounds, pool, comm, collective,
                               Communication(fusion_bytes=theta, sparse_ratio=0.2, sparse_chunk=chunk,
                                             momentum_correction=False, residual=True), timeout=WAIT)
-    assert reducer.state.v.dtype == torch.float64
+    csc = reducer.csc
+    assert csc.v.dtype == torch.float64
     total_local = torch.zeros_like(pool)
     total_sent = torch.zeros_like(pool)
     for step in range(5):
@@ -435,16 +440,17 @@ def test_csc_residual_conserves_every_gradient_in_float64(comm_name, collective,
         g = torch.cat([x.reshape(-1) for x in grads])
         total_local += g
         pool.copy_(g)
-        assert reducer.reduce(0.2)
+        csc.ratio = 0.2
+        assert reducer.reduce()
         total_sent += pool
         with torch.no_grad():
             for p, (a, b) in zip(params, bounds):
                 p.sub_(0.05 * pool[a:b].view_as(p) / comm.Get_size())
     every_gradient = summed(comm, total_local)
-    left = summed(comm, reducer.state.v)
-    assert (reducer.state.v != 0).sum() > 0 and (total_sent != 0).sum() > 0  # both parts matter
+    left = summed(comm, csc.v)
+    assert (csc.v != 0).sum() > 0 and (total_sent != 0).sum() > 0  # both parts matter
     torch.testing.assert_close(total_sent + left, every_gradient, rtol=1e-12, atol=1e-12)
-    assert (reducer.state.u == 0).all()  # no momentum correction: u unused
+    assert (csc.u == 0).all()  # no momentum correction: u unused
     reducer.close()
 
 
@@ -461,17 +467,17 @@ def test_ratio_one_with_momentum_correction_is_momentum_sgd(collective, theta, o
     velocity = torch.zeros_like(dense.flat.data)
     assert torch.equal(csc.flat.data, dense.flat.data)
     for step in range(5):
-        csc.reducer.start(1.0)
-        assert csc.state.mask_momentum is False  # a dense warm-up step: no momentum factor masking
-        assert csc.step(step, 1.0)
+        csc.backward(step, 1.0)
+        assert csc.csc.mask_momentum is False  # a dense warm-up step: no momentum factor masking
+        assert csc.reducer.finish()
         x, _ = rules.momentum_sgd(csc.flat.data, torch.zeros_like(velocity), csc.flat.grad / SIZE, lr, 0.0)
         csc.flat.data.copy_(x)  # SyncSGD: the momentum is in the communication already
         assert dense.step(step)
         x, velocity = rules.momentum_sgd(dense.flat.data, velocity, dense.flat.grad / SIZE, lr, momentum)
         dense.flat.data.copy_(x)
         torch.testing.assert_close(csc.flat.data, dense.flat.data, rtol=1e-6, atol=1e-6)
-    assert (csc.state.v == 0).all()  # everything was sent
-    assert (csc.state.u != 0).any()  # and the momentum kept
+    assert (csc.csc.v == 0).all()  # everything was sent
+    assert (csc.csc.u != 0).any()  # and the momentum kept
     assert (csc.flat.data != make_model_flat("deep")).any()  # it moved
     csc.close(), dense.close()
 
@@ -503,25 +509,25 @@ def test_an_injected_overflow_skips_that_step_on_every_rank(comm_name, wire, mod
     velocity = torch.zeros_like(rig.flat.data)
     applied = []
     for step in range(steps):
-        before = (rig.state.u.clone(), rig.state.v.clone()) if sparse else None
+        before = (rig.csc.u.clone(), rig.csc.v.clone()) if sparse else None
         rig.backward(step, ratio)
         if step == bad_step and rig.rank == bad_rank:
             rig.flat.grad[5] = value  # overlap is off: nothing has been issued yet
         ok = rig.reducer.finish()
         applied.append(ok)
         if sparse and not ok:  # a skipped step leaves CSC's momentum and residual as they were
-            assert torch.equal(rig.state.u, before[0]) and torch.equal(rig.state.v, before[1])
+            assert torch.equal(rig.csc.u, before[0]) and torch.equal(rig.csc.v, before[1])
         if ok:
             m = 0.0 if rig.reducer.momentum_in_communication else momentum
             x, velocity = rules.momentum_sgd(rig.flat.data, velocity, rig.flat.grad / rig.size, lr, m)
             rig.flat.data.copy_(x)
         assert torch.isfinite(rig.flat.data).all()
         assert not rig.reducer.momentum_in_communication or (
-            torch.isfinite(rig.state.u).all() and torch.isfinite(rig.state.v).all()), f"step {step}"
+            torch.isfinite(rig.csc.u).all() and torch.isfinite(rig.csc.v).all()), f"step {step}"
         scale = INITIAL_LOSS_SCALE * (BACKOFF if wire == "fp16" and step >= bad_step else 1.0)
-        assert rig.state.loss_scale == scale
+        assert rig.precision.loss_scale == scale
     assert applied == [step != bad_step for step in range(steps)]
-    assert rig.state.skipped_steps == 1 and same_on_every_rank(comm, rig.state.skipped_steps)
+    assert rig.traffic.skipped_steps == 1 and same_on_every_rank(comm, rig.traffic.skipped_steps)
     assert same_on_every_rank(comm, (applied, digest(rig.flat.data)))
     rig.close()
 
@@ -540,13 +546,13 @@ def test_csc_without_residual_or_momentum_correction_runs(residual, correction, 
         assert rig.step(step, 0.2)
         assert torch.isfinite(rig.flat.grad).all() and (rig.flat.grad != 0).any()
         if not residual:
-            assert (rig.state.v == 0).all()  # nothing kept
+            assert (rig.csc.v == 0).all()  # nothing kept
         if not correction:
-            assert (rig.state.u == 0).all()  # momentum stays with the optimizer
+            assert (rig.csc.u == 0).all()  # momentum stays with the optimizer
         m = 0.0 if rig.reducer.momentum_in_communication else momentum
         x, velocity = rules.momentum_sgd(rig.flat.data, velocity, rig.flat.grad / SIZE, 0.05, m)
         rig.flat.data.copy_(x)
         assert torch.isfinite(rig.flat.data).all()
     assert rig.reducer.momentum_in_communication == correction
-    assert same_on_every_rank(WORLD, (rig.state.selection_digest, digest(rig.flat.data)))
+    assert same_on_every_rank(WORLD, (rig.csc.selection_digest, digest(rig.flat.data)))
     rig.close()

@@ -72,11 +72,11 @@ def update_phase(ranks: int, lr: float = 0.05, momentum: float = 0.9) -> Callabl
 
 def cast_phase(wire_dtype: str, ranks: int) -> Callable:
     """``make(flat) -> cast()``: the casts fp16/bf16 on the wire add to a step, on the whole flat
-    gradient as one bucket, as :func:`workbench.comm.strategies.reduce_tensor` does them: scale and
+    gradient as one bucket, as :func:`workbench.comm.precision.wire_precision` does them: scale and
     cast to the wire dtype, check finite; after the all-reduce, cast back, unscale, check finite.
     The predictor has no term for them (its network model moves bytes only)."""
     from ..comm.options import WIRE_DTYPES
-    from ..comm.strategies import INITIAL_LOSS_SCALE
+    from ..comm.precision import INITIAL_LOSS_SCALE
     if wire_dtype not in WIRE_DTYPES or wire_dtype == "fp32":
         raise LayerProfileError(f"wire_dtype must be fp16 or bf16; got {wire_dtype!r}")
     dtype = getattr(torch, WIRE_DTYPES[wire_dtype])

@@ -56,16 +56,16 @@ def run_algorithm(flat: FlatBuffer, comm: MPI.Comm, algorithm: str) -> None:
         flat.tensor.copy_(wide.tensor)  # round once
 
 
-def bytes_sent(flat: FlatBuffer, comm: MPI.Comm, algorithm: str, narrow_bf16: bool = False) -> int:
-    """Bytes this rank sent: exact for schedules; for native, a ring's 2(n-1)/n share.
-    bfloat16 travels as float32 (see :func:`wire`) unless ``narrow_bf16``."""
+def buffer_wire_bytes(flat: FlatBuffer, comm: MPI.Comm, algorithm: str, narrow_bf16: bool = False) -> int:
+    """:func:`message_wire_bytes` of the buffer in hand: bfloat16 travels as float32 (see
+    :func:`wire`) unless ``narrow_bf16``."""
     itemsize = 4 if flat.dtype_name == "bfloat16" and not narrow_bf16 else flat.itemsize
-    return sent_bytes(flat.length, itemsize, comm, algorithm)
+    return message_wire_bytes(flat.length, itemsize, comm, algorithm)
 
 
-def sent_bytes(length: int, itemsize: int, comm: MPI.Comm, algorithm: str) -> int:
-    """Bytes this rank sends to all-reduce ``length`` elements of ``itemsize`` bytes with
-    ``algorithm`` (no buffer needed: :func:`bytes_sent` for one in hand)."""
+def message_wire_bytes(length: int, itemsize: int, comm: MPI.Comm, algorithm: str) -> int:
+    """Wire bytes: what this rank sends to all-reduce ``length`` elements of ``itemsize`` bytes
+    with ``algorithm``: exact for schedules; for native, a ring's 2(n-1)/n share."""
     n = comm.Get_size()
     if algorithm == NATIVE:
         return round(2 * (n - 1) / n * length * itemsize)

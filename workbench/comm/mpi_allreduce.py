@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from .. import telemetry
 from .buffers import FlatBuffer
-from .implementations import bytes_sent, run_algorithm
+from .implementations import buffer_wire_bytes, run_algorithm
 from .names import AUTO, NATIVE, algorithm_names, check_algorithm  # noqa: F401 - re-exported
 from .tuning import tuner_for
 
@@ -75,6 +75,6 @@ def allreduce(buf: T, comm: MPI.Comm | None = None, algorithm: str = AUTO) -> T:
     flat.write_back()
     if rec is not None:
         rec.record(f"allreduce:{chosen}", "comm", start, time.perf_counter_ns(),
-                   bytes=flat.length * flat.itemsize, bytes_sent=bytes_sent(flat, comm, chosen),
+                   bytes=flat.length * flat.itemsize, wire_bytes=buffer_wire_bytes(flat, comm, chosen),
                    algorithm=chosen, requested=algorithm)
     return buf

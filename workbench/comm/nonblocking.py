@@ -33,6 +33,7 @@ same waits in between), or warm the size up with a blocking ``allreduce`` first.
 from __future__ import annotations
 
 import time
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -43,7 +44,7 @@ from ..deadline import Deadline, poll
 from .buffers import FlatBuffer
 from .executor import (cached_on, compile_plan, finish_step, post_step, private_comm, state_key,
                        truncation_error)
-from .implementations import bytes_sent, wire
+from .implementations import buffer_wire_bytes, wire
 from .mpi_allreduce import choose
 from .names import AUTO, NATIVE, check_algorithm
 
@@ -79,7 +80,7 @@ class Handle:
         algorithm: the algorithm that runs (``auto`` resolved).
         requested: the algorithm asked for.
         nbytes: message size in bytes (elements x element size).
-        bytes_sent: bytes this rank sends (:func:`~workbench.comm.implementations.bytes_sent`).
+        wire_bytes: bytes this rank sends (:func:`~workbench.comm.implementations.buffer_wire_bytes`).
         done: True once complete (or failed: :meth:`wait` then raises the error).
     """
 
@@ -87,12 +88,18 @@ class Handle:
                  sent: int) -> None:
         self.buf, self.comm, self.algorithm, self.requested = buf, comm, algorithm, requested
         self.nbytes = flat.length * flat.itemsize
-        self.bytes_sent = sent
+        self.wire_bytes = sent
         self.done = True
         self._flat = self._wide = flat  # _wide: what the messages carry (see implementations.wire)
         self._error: BaseException | None = None
         self._telemetry = None
         self._start_ns = 0
+
+    @property
+    def bytes_sent(self) -> int:
+        """Deprecated (one release): :attr:`wire_bytes`."""
+        warnings.warn("Handle.bytes_sent is now Handle.wire_bytes", DeprecationWarning, stacklevel=2)
+        return self.wire_bytes
 
     def _issue(self) -> None:
         """Register as outstanding and make the first progress (posts the first messages)."""
@@ -137,8 +144,8 @@ class Handle:
         rec = self._telemetry
         if rec is not None:
             rec.record(f"iallreduce:{self.algorithm}", "comm", self._start_ns, time.perf_counter_ns(),
-                       tid=telemetry.IN_FLIGHT_TID, bytes=self.nbytes, bytes_sent=self.bytes_sent, algorithm=self.algorithm,
-                       requested=self.requested, dtype=self._flat.dtype_name)
+                       tid=telemetry.IN_FLIGHT_TID, bytes=self.nbytes, wire_bytes=self.wire_bytes,
+                       algorithm=self.algorithm, requested=self.requested, dtype=self._flat.dtype_name)
 
     def test(self) -> bool:
         """Advance every outstanding handle; True when this one is complete.
@@ -159,7 +166,7 @@ class Handle:
         """
         poll(self.test, timeout, lambda: TimeoutError(
             f"rank {self.comm.Get_rank()}: iallreduce:{self.algorithm} of {self.nbytes} bytes "
-            f"({self._flat.dtype_name}, {self.bytes_sent} bytes to send) on a "
+            f"({self._flat.dtype_name}, {self.wire_bytes} bytes to send) on a "
             f"{self.comm.Get_size()}-rank communicator did not complete within {timeout} s{self._where()}"))
         return self.buf
 
@@ -278,7 +285,7 @@ def iallreduce(buf: Any, comm: MPI.Comm | None = None, algorithm: str = AUTO, *,
         chosen = "ring"
     else:
         chosen = choose(flat, comm) if algorithm == AUTO else algorithm
-    sent = bytes_sent(flat, comm, chosen, narrow_bf16=narrow)
+    sent = buffer_wire_bytes(flat, comm, chosen, narrow_bf16=narrow)
     if chosen == NATIVE:
         return _NativeHandle(buf, flat, comm, algorithm, sent)
     return _ScheduleHandle(buf, flat, comm, chosen, algorithm, sent, narrow_bf16=narrow)

@@ -166,22 +166,22 @@ def status_line(source) -> tuple[str, float]:
     text = (f"<b>{config.get('algorithm')}</b> on {config.get('ranks')} ranks &middot; <b>{source.status}</b>"
             f" &middot; step {steps}/{total} &middot; epoch {epoch:.1f}/{config.get('epochs')}"
             f" &middot; {rate:,.0f} samples/s &middot; ETA {eta:.1f} s &middot; test accuracy {acc}")
-    wire = wire_bytes_per_step(getattr(source, "trace", None) or [], train)
+    wire = wire_bytes_per_step(getattr(source, "summary", None), train)
     if wire is not None:
         text += f" &middot; on the wire {format_bytes(wire)}/step per rank"
     return text, fraction
 
 
-def wire_bytes_per_step(trace: list[dict], train: pd.DataFrame) -> float | None:
-    """Bytes one rank put on the wire per training step so far, mean over the ranks that train:
-    the ``bytes_sent`` of its all-reduce spans (blocking and nonblocking, norms included) over
-    its steps. None before any step or without such spans (the master-based algorithms)."""
-    if train.empty:
+def wire_bytes_per_step(summary: dict | None, train: pd.DataFrame) -> float | None:
+    """Bytes one rank put on the wire per training step, from the run's one byte counter
+    (:class:`workbench.comm.hooks.Traffic`, kept with telemetry on or off): a finished run's
+    ``wire_bytes_per_step``; while it runs, the train records' ``wire_bytes`` (the rank's
+    counter when the record was made, i.e. after ``step`` steps), mean over the ranks that
+    train. None before any step, or when the records carry no counter."""
+    if summary and summary.get("wire_bytes_per_step") is not None:
+        return float(summary["wire_bytes_per_step"])
+    if train.empty or "wire_bytes" not in train.columns:
         return None
-    sent: dict[int, float] = {}
-    for e in trace:
-        if e.get("name", "").startswith(("allreduce:", "iallreduce:")):
-            sent[e["pid"]] = sent.get(e["pid"], 0.0) + e.get("args", {}).get("bytes_sent", 0)
-    steps = train.groupby("rank").size()
-    per_step = [sent[r] / n for r, n in steps.items() if n and r in sent]
+    latest = train.dropna(subset=["wire_bytes"]).sort_values("step").groupby("rank").last()
+    per_step = [row.wire_bytes / row.step for row in latest.itertuples() if row.step > 0]
     return sum(per_step) / len(per_step) if per_step else None

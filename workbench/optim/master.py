@@ -44,7 +44,6 @@ class _Messages:
 
     def isend(self, t, dest, tag) -> list:
         parts = self.parts(t)
-        self.ctx.bytes_sent += t.numel() * t.element_size()
         for part in parts:
             self.ctx.count_message(part.nbytes)
         return [self.ctx.comm.Isend(p, dest=dest, tag=tag) for p in parts]

@@ -21,11 +21,14 @@ import threading
 import torch
 
 from ..comm import allreduce
+from ..comm.buckets import bucket_bounds
 from ..comm.buffers import FlatBuffer
-from ..comm.implementations import bytes_sent
+from ..comm.hooks import dense_bytes
+from ..comm.hookspec import load_hook
+from ..comm.implementations import buffer_wire_bytes
 from ..comm.mpi_allreduce import choose
 from ..comm.names import AUTO
-from ..comm.strategies import GradientReducer, bucket_bounds, dense_bytes
+from ..comm.strategies import GradientReducer
 from ..comm.options import warmup_ratio
 from ..runtime.rank import checkpoint
 from ..runtime.rank.context import Context
@@ -43,7 +46,8 @@ def reduce_flat(ctx: Context, buf: torch.Tensor) -> None:
         algorithm = choose(part, ctx.comm) if ctx.cfg.collective == AUTO else ctx.cfg.collective
         allreduce(buf[start:stop], ctx.comm, algorithm)
         if ctx.size > 1:
-            ctx.count_message(bytes_sent(part, ctx.comm, algorithm), dense_bytes(stop - start, ctx.comm, algorithm))
+            ctx.count_message(buffer_wire_bytes(part, ctx.comm, algorithm),
+                              dense_bytes(stop - start, ctx.comm, algorithm))
 
 
 class _Background:
@@ -116,36 +120,35 @@ class SyncSGD(SyncAlgorithm):
         super().__init__(ctx)
         cfg = ctx.cfg
         self.options = cfg.communication_options
+        hook = load_hook(cfg.comm_hook) if cfg.comm_hook else None  # a user's hook in place of dense/CSC
         self.reducer = GradientReducer(ctx.flat.params, ctx.flat.bounds, ctx.flat.grad, ctx.comm, cfg.collective,
-                                       self.options, momentum=cfg.hyper.momentum, timeout=cfg.comm_timeout)
+                                       self.options, momentum=cfg.hyper.momentum, timeout=cfg.comm_timeout, hook=hook)
+        self.csc = self.reducer.csc  # CSC's state (momentum, residual, ratio), or None
 
     def final_weights(self) -> torch.Tensor:
         return self.ctx.flat.data
 
     def state(self, step: int) -> dict:
         state = super().state(step)
-        if self.options.sparse:  # CSC's momentum and residual belong to the run's state
-            state.update(u=self.reducer.state.u.clone(), r=self.reducer.state.v.clone())
+        if self.csc is not None:  # CSC's momentum and residual belong to the run's state
+            state.update(u=self.csc.u.clone(), r=self.csc.v.clone())
         return state
 
     def restore(self, state: dict) -> None:
         super().restore(state)
-        if self.options.sparse and "u" in state:
-            self.reducer.state.u.copy_(state["u"])
-            self.reducer.state.v.copy_(state["r"])
+        if self.csc is not None and "u" in state:
+            self.csc.u.copy_(state["u"])
+            self.csc.v.copy_(state["r"])
 
     def step(self, step: int) -> None:
         ctx, cfg, reducer = self.ctx, self.ctx.cfg, self.reducer
-        ratio = 1.0
-        if self.options.sparse:
-            ratio = warmup_ratio(self.options.sparse_ratio, ctx.epoch_of(step), self.options.warmup_epochs)
-        reducer.start(ratio)
+        if self.csc is not None:
+            self.csc.ratio = warmup_ratio(self.options.sparse_ratio, ctx.epoch_of(step), self.options.warmup_epochs)
+        reducer.start()
         ctx.gradient(step)  # with overlap, the buckets are issued from the gradient hooks
         with ctx.span("reduce_gradients", "wait", buckets=len(reducer.buckets)):
             apply = reducer.finish()
-        state = reducer.state  # the reducer is all this algorithm sends
-        ctx.traffic.update(wire_bytes=state.wire_bytes, dense_wire_bytes=state.dense_wire_bytes,
-                           messages=state.messages, skipped_steps=state.skipped_steps)
+        ctx.traffic.update(reducer.traffic.as_dict())  # the reducer is all this algorithm sends
         if not apply:  # a wire overflow on some rank: every rank skips this step
             return
         with ctx.span("update", "compute"):

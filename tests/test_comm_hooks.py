@@ -1,0 +1,105 @@
+"""A user's communication hook, ``RunConfig(comm_hook="module:function")``: checked without
+importing it, loaded by the ranks, run for every bucket of a real sync-sgd run under mpiexec,
+and wrapped in wire precision like the built-in hooks."""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from workbench.comm.hookspec import check_hook, load_hook
+from workbench.config import ConfigError, RunConfig
+from workbench.runtime.launch.batch import train
+
+#: the user's module: ``counting`` does what the built-in dense hook does and counts its calls
+#: (each rank writes its count to a file); ``halving`` sums, then halves the sum
+USER_HOOKS = '''
+import os
+from workbench.comm.hooks import Work
+
+
+def counting(state, bucket) -> Work:
+    state.calls = getattr(state, "calls", 0) + 1
+    rank = bucket.wire.comm.Get_rank()
+    with open(os.path.join(os.environ["WB_HOOK_CALLS"], f"calls-{rank}"), "w") as f:
+        f.write(str(state.calls))
+    return bucket.wire.allreduce(bucket.buffer, bucket.numel)
+
+
+def halving(state, bucket) -> Work:
+    return bucket.wire.allreduce(bucket.buffer, bucket.numel).then(lambda: bucket.buffer.mul_(0.5))
+
+
+not_a_function = 3
+'''
+
+RANKS, TENSORS = 3, 4  # the digits MLP: two Linear layers, weight and bias each
+
+
+@pytest.fixture
+def user_hooks(tmp_path, monkeypatch):
+    """The module on this process's path and on the ranks' (PYTHONPATH: mpiexec passes the environment)."""
+    (tmp_path / "wb_user_hooks.py").write_text(USER_HOOKS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
+    monkeypatch.setenv("WB_HOOK_CALLS", str(tmp_path))
+    monkeypatch.setenv("WORKBENCH_TUNING_CACHE", str(tmp_path / "tuning.json"))
+    sys.modules.pop("wb_user_hooks", None)
+    return tmp_path
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("nope", "comm_hook must be 'package.module:function'"),
+    ("a:b:c", "comm_hook must be 'package.module:function'"),
+    ("wb no:f", "comm_hook must be 'package.module:function'"),
+    (3, "comm_hook must be 'package.module:function' .* got 3"),
+    ("wb_no_such_module:f", "comm_hook 'wb_no_such_module:f': cannot find module 'wb_no_such_module'"),
+])
+def test_a_bad_hook_name_is_a_one_line_config_error(spec, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        RunConfig(algorithm="sync-sgd", ranks=2, comm_hook=spec)
+    assert "\n" not in str(info.value)
+
+
+def test_the_module_is_found_not_imported_and_the_ranks_load_the_function(user_hooks):
+    check_hook("wb_user_hooks:counting")
+    assert "wb_user_hooks" not in sys.modules  # found by its spec: importing may need torch
+    assert RunConfig(algorithm="sync-sgd", ranks=2, comm_hook="wb_user_hooks:counting").comm_hook
+    assert load_hook("wb_user_hooks:halving").__name__ == "halving"
+    with pytest.raises(ValueError, match="comm_hook 'wb_user_hooks:missing': wb_user_hooks has no function 'missing'"):
+        load_hook("wb_user_hooks:missing")
+    with pytest.raises(ValueError, match="has no function 'not_a_function'"):
+        load_hook("wb_user_hooks:not_a_function")
+
+
+def test_a_user_hook_does_not_combine_with_sparse_communication():
+    import torch
+    from workbench.comm.options import Communication
+    from workbench.comm.strategies import make_hook
+    with pytest.raises(ValueError, match="comm_hook .* cannot be combined with sparse_ratio"):
+        make_hook(Communication(sparse_ratio=0.1), torch.zeros(8), hook=lambda state, bucket: None)
+
+
+@pytest.mark.mpi
+def test_a_user_hook_runs_for_every_bucket_and_changes_what_it_should(user_hooks):
+    """``counting`` reduces as the built-in hook does: the same weights bit for bit, the same
+    bytes, called once per bucket and step on every rank; under fp16 it is wrapped in wire
+    precision as the built-in one is (the same bits again); ``halving`` is the run at half the
+    learning rate (halving is exact in binary floating point)."""
+    base = dict(algorithm="sync-sgd", ranks=RANKS, epochs=1, collective="ring", fusion_bytes=0, overlap=True)
+
+    def run(name, **extra):
+        return train(RunConfig(**base, **extra), user_hooks / name, timeout=240)
+    default, counted = run("default"), run("counting", comm_hook="wb_user_hooks:counting")
+    assert counted["weights_checksum"] == default["weights_checksum"]
+    assert counted["wire_bytes"] == default["wire_bytes"] > 0
+    calls = [int((user_hooks / f"calls-{rank}").read_text()) for rank in range(RANKS)]
+    assert calls == [counted["steps_per_worker"] * TENSORS] * RANKS
+    half = run("fp16", wire_dtype="fp16")
+    half_counted = run("fp16-counting", wire_dtype="fp16", comm_hook="wb_user_hooks:counting")
+    assert half_counted["weights_checksum"] == half["weights_checksum"] != default["weights_checksum"]
+    assert half_counted["wire_bytes"] == half["wire_bytes"] < default["wire_bytes"]
+    halved = run("halving", comm_hook="wb_user_hooks:halving")
+    slower = run("half-lr", lr=default["config"]["lr"] / 2)
+    assert halved["weights_checksum"] == slower["weights_checksum"] != default["weights_checksum"]
