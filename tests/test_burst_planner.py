@@ -315,7 +315,7 @@ def _bench_file(path: Path, latency: float, bandwidth: float, ranks: int = 4) ->
     from workbench import schedules
     from workbench.netsim.simulator import simulate
     from workbench.network.topology import bus
-    rows = [{"algorithm": a, "bytes": n, "median_s": simulate(schedules.ALGORITHMS[a](ranks), bus(ranks), n,
+    rows = [{"algorithm": a, "bytes": n, "median_s": simulate(schedules.SCHEDULES[a](ranks), bus(ranks), n,
                                                               link_bandwidth=bandwidth, link_latency=latency).seconds}
             for a in ("ring", "recursive_doubling", "binary_tree") for n in (4 << 10, 64 << 10, 1 << 20, 8 << 20)]
     path.write_text(json.dumps({"ranks": ranks, "results": rows}))

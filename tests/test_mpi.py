@@ -84,7 +84,7 @@ def test_strategy_cases_under_mpiexec(mpi, nranks, strategy_count):
     assert_every_rank_passed(result, nranks, strategy_count)
 
 
-@pytest.mark.parametrize("algorithm", [*schedules.ALGORITHMS, "native"])
+@pytest.mark.parametrize("algorithm", [*schedules.SCHEDULES, "native"])
 def test_mismatched_lengths_fail_fast_with_a_clear_error(algorithm, tmp_path):
     start = time.monotonic()
     with pytest.raises(MPILaunchError) as info:

@@ -32,14 +32,14 @@ def test_closed_forms_equal_the_simulator_at_small_n(collective):
     for n in range(1, 10):
         topo = topology.fully_connected(n)
         for nbytes in (4, 4096, 3 << 20):
-            simulated = simulate(schedules.ALGORITHMS[collective](n), topo, nbytes, 7e9, 5e-6).seconds
+            simulated = simulate(schedules.SCHEDULES[collective](n), topo, nbytes, 7e9, 5e-6).seconds
             assert closed_form_seconds(collective, n, nbytes, 7e9, 5e-6) == pytest.approx(simulated, rel=1e-9, abs=1e-15)
 
 
 def test_wire_bytes_are_what_the_schedules_send():
-    for collective in schedules.ALGORITHMS:
+    for collective in schedules.SCHEDULES:
         for n in (1, 2, 3, 5, 8):
-            s = schedules.ALGORITHMS[collective](n)
+            s = schedules.SCHEDULES[collective](n)
             sent = sum(len(step) for step in s.steps) * (1 << 20) / s.nchunks / n
             assert wire_bytes(collective, n, 1 << 20) == pytest.approx(sent), (collective, n)
 
@@ -263,7 +263,7 @@ def test_cli_refuses_bad_values_in_one_line(argv, message, capsys):
 def _bus_measurements(nranks: int = 4, latency: float = 3e-5, bandwidth: float = 2e9) -> dict:
     """A bench file whose all-reduces took exactly what ``bus(nranks)`` with these links gives."""
     rows = [{"algorithm": a, "bytes": b,
-             "median_s": simulate(schedules.ALGORITHMS[a](nranks), topology.bus(nranks), b, bandwidth, latency).seconds}
+             "median_s": simulate(schedules.SCHEDULES[a](nranks), topology.bus(nranks), b, bandwidth, latency).seconds}
             for a in ("ring", "recursive_doubling") for b in (4096, 1 << 20, 8 << 20)]
     return {"ranks": nranks, "results": rows}
 

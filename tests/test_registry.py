@@ -69,7 +69,7 @@ def test_an_option_is_refused_exactly_when_the_entry_does_not_use_it(name):
 
 def test_options_of_the_families():
     uses = {name: sorted(s.options) for name, s in ALGORITHMS.items()}
-    assert uses["sync-sgd"] == ["collective", "momentum", "sparse_ratio", "wire_dtype"]
+    assert uses["sync-sgd"] == ["collective", "comm_hook", "momentum", "sparse_ratio", "wire_dtype"]
     assert uses["sync-easgd"] == ["collective", "rho", "tau"]  # weights: no wire/sparse
     assert uses["async-measgd"] == ["momentum", "rho", "tau"]
     assert all("rho" in s.options for s in ALGORITHMS.values() if s.elastic)
@@ -84,7 +84,7 @@ def test_each_option_is_declared_once_with_what_every_reader_needs():
     for name, opt in declared.items():
         assert opt.name == name and opt.help, name
         assert opt.flag is None or opt.flag == "--" + name.replace("_", "-"), name
-    assert set(scoped()) == {"rho", "tau", "momentum", "collective", "wire_dtype", "sparse_ratio"}
+    assert set(scoped()) == {"rho", "tau", "momentum", "collective", "wire_dtype", "sparse_ratio", "comm_hook"}
     # the CLI reads them: every flag of a declared option is a flag of `workbench train`
     from workbench.cli import build_parser
     train = build_parser()._subparsers._group_actions[0].choices["train"]

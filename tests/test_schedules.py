@@ -9,13 +9,13 @@ from workbench.collectives import Schedule, ScheduleError, Transfer, chunk_bound
 from workbench.schedules.generators import double_binary_trees, nccl_btree
 
 RANKS = range(1, 18)
-ALL = sorted(schedules.ALGORITHMS)
+ALL = sorted(schedules.SCHEDULES)
 
 
 @pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("nranks", RANKS)
 def test_generator_validates(name, nranks):
-    s = schedules.ALGORITHMS[name](nranks)
+    s = schedules.SCHEDULES[name](nranks)
     assert s.nranks == nranks and s.name == name
     assert s.validate() is s
 
@@ -182,3 +182,17 @@ def test_ring_with_a_step_removed_is_caught():
         broken = Schedule("broken", 5, 5, good.steps[:drop] + good.steps[drop + 1:])
         with pytest.raises(ScheduleError):
             broken.validate()
+
+
+def test_the_old_name_of_the_schedule_table_warns_and_is_the_same_table():
+    import subprocess
+    import sys
+    code = ("import warnings, workbench.schedules as s\nwarnings.simplefilter('error')\n"
+            "try:\n    s.ALGORITHMS\nexcept DeprecationWarning as w:\n    print(w)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120).stdout
+    assert "now SCHEDULES" in out
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from workbench.schedules import generators
+        assert generators.ALGORITHMS is schedules.SCHEDULES

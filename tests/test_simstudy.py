@@ -48,7 +48,7 @@ def test_calibration_recovers_known_parameters():
     """Measurements made by the model itself: the fit must give its parameters back."""
     topo, alpha, bandwidth = topology.bus(4), 7e-6, 3e9
     rows = [{"algorithm": name, "bytes": size,
-             "median_s": simulate(schedules.ALGORITHMS[name](4), topo, size, bandwidth, alpha).seconds}
+             "median_s": simulate(schedules.SCHEDULES[name](4), topo, size, bandwidth, alpha).seconds}
             for name in ("ring", "halving_doubling", "double_binary_tree") for size in (4096, 1 << 20, 64 << 20)]
     rows.append({"algorithm": "native", "bytes": 4096, "median_s": 1.0})   # not a schedule: left out
     cal = calibrate({"ranks": 4, "results": rows}, topo)

@@ -48,9 +48,10 @@ def test_bad_fusion_bytes_name_what_is_allowed(text):
 
 
 @pytest.mark.parametrize("text", ["inf", "none", "0", "64K", "1.5M"])
-def test_the_predict_cli_reads_fusion_bytes_as_the_grammar_does(text):
-    from workbench.cli.predict import parse_fusion
-    assert parse_fusion(text) == parse_fusion_bytes(text)
+def test_train_and_predict_read_fusion_bytes_as_the_grammar_does(text):
+    from workbench.cli import build_parser
+    for argv in (["predict"], ["train", "--algorithm", "sync-sgd"]):
+        assert build_parser().parse_args([*argv, "--fusion-bytes", text]).fusion_bytes == parse_fusion_bytes(text)
 
 
 def test_predict_keeps_a_presets_buckets_unless_fusion_bytes_is_given():

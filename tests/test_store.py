@@ -320,3 +320,14 @@ def test_the_cli_records_finished_and_failed_runs_and_lists_them(tmp_path):
     missing = _cli("runs", "--store", str(tmp_path / "none.sqlite"), env=env, timeout=60)
     assert missing.returncode == 0 and "does not exist yet" in missing.stdout
     assert not (tmp_path / "none.sqlite").exists()
+
+
+def test_the_table_shows_the_hyper_parameters_the_run_used_while_the_config_keeps_what_was_given(store):
+    cfg = RunConfig(algorithm="async-sgd", ranks=3)  # lr, momentum, rho left to the algorithm
+    store.start_run("defaults", cfg.to_dict())
+    store.start_run("given", RunConfig(algorithm="async-sgd", ranks=3, lr=0.2).to_dict())
+    frame = store.runs().set_index("run_id")
+    assert frame.loc["defaults", "lr"] == 0.05 and frame.loc["defaults", "momentum"] == 0.0
+    assert frame.loc["defaults", "rho"] == pytest.approx(0.9 / (2 * 0.05))  # BETA / (workers * lr)
+    assert frame.loc["given", "lr"] == 0.2
+    assert RunConfig.from_dict(store.load("defaults").config) == cfg  # stored as given: round-trips

@@ -66,7 +66,7 @@ def _report(rank: int, steps: int, wall: float = 2.0, telemetry: bool = True) ->
     """A rank that sent 10 bytes, and 100 more when it trained (its one byte counter)."""
     metrics = [{"kind": "train", "rank": rank, "step": s, "t": 0.1 * s, "loss": 1.0 + rank} for s in range(steps)]
     traffic = {"wire_bytes": 10 + (100 if steps else 0), "messages": 1 + (1 if steps else 0)}
-    return summary.rank_report(rank, wall, 0.5, steps, False, 0, metrics,
+    return summary.rank_report(rank, wall, 0.5, steps, False, metrics,
                                _events(rank) if steps and telemetry else [], traffic)
 
 

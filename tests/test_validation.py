@@ -170,9 +170,10 @@ CLI_CASES = [
     ("timeout-inf", lambda t: ["--timeout", "inf"], "argument --timeout: must be a finite number"),
     ("timeout-nan", lambda t: ["--timeout", "nan"], "argument --timeout: must be a finite number"),
     ("fusion-bytes-text", lambda t: ["--algorithm", "sync-sgd", "--fusion-bytes", "lots"],
-     "argument --fusion-bytes: must be 0, inf or a size like 4096, 64K, 1M; got 'lots'"),
+     "argument --fusion-bytes: must be 0 (one message per tensor), inf or none (one message per step), or a size "
+     "like 4096, 64K, 1.5M; got 'lots'"),
     ("fusion-bytes-negative", lambda t: ["--algorithm", "sync-sgd", "--fusion-bytes", "-4"],
-     "argument --fusion-bytes: must be 0, inf or a size"),
+     "argument --fusion-bytes: must be 0 (one message per tensor), inf or none"),
     ("no-residual-dense", lambda t: ["--algorithm", "sync-sgd", "--no-residual"],
      "residual is an option of coarse-grained sparse communication"),
     ("per-layer-and-fusion", lambda t: ["--algorithm", "sync-sgd", "--per-layer", "--fusion-bytes", "1M"],

@@ -9,7 +9,7 @@ import pytest
 
 from workbench.network import parse
 from workbench.netsim.simulator import simulate
-from workbench.schedules import ALGORITHMS
+from workbench.schedules import SCHEDULES
 from workbench.vcluster.plan import MAX_NODES, RANGE, Cable, Plan, PlanError, format_rate, parse_latency, parse_rate
 
 
@@ -115,5 +115,5 @@ def test_switch_topology_in_the_simulator_costs_a_ring_at_the_port_rate():
     assert topo.kind == "switch" and topo.nodes == 4 and topo.switches == 1
     assert topo.route(0, 3) == ((0, 4), (4, 3))
     size, bandwidth = 8 << 20, 12.5e6
-    result = simulate(ALGORITHMS["ring"](4), topo, size, link_bandwidth=bandwidth, link_latency=0.0)
+    result = simulate(SCHEDULES["ring"](4), topo, size, link_bandwidth=bandwidth, link_latency=0.0)
     assert result.seconds == pytest.approx(2 * 3 / 4 * size / bandwidth, rel=1e-6)

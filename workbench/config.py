@@ -210,11 +210,7 @@ class RunConfig:
     def hyper(self) -> Hyper:
         """``lr``, ``momentum`` and ``rho`` as the run uses them: the caller's, else the algorithm's
         defaults (registry) and ``rho = BETA / (p * lr)`` with ``p`` workers."""
-        spec = ALGORITHMS[self.algorithm]
-        lr = spec.default_lr if self.lr is None else self.lr
-        momentum = spec.default_momentum if self.momentum is None else self.momentum
-        rho = BETA / (self.workers * lr) if self.rho is None else self.rho
-        return Hyper(float(lr), float(momentum), float(rho))
+        return hyper_of(self.to_dict())
 
     @property
     def communication_options(self) -> Communication:
@@ -281,6 +277,17 @@ class RunConfig:
 DEFAULTS = {name: {"lr": spec.default_lr, "momentum": spec.default_momentum} for name, spec in ALGORITHMS.items()}
 #: the value meaning "not set" of each option that only some algorithms use
 UNSET = {name: opt.default for name, opt in scoped().items()}
+
+
+def hyper_of(values: dict[str, Any]) -> Hyper:
+    """:attr:`RunConfig.hyper` of a RunConfig's fields as a dict (``to_dict()``, a stored config):
+    the caller's ``lr``, ``momentum`` and ``rho``, else the algorithm's and ``rho = BETA / (p * lr)``."""
+    spec = ALGORITHMS[values["algorithm"]]
+    workers = values["ranks"] - 1 if spec.master_based else values["ranks"]
+    lr = spec.default_lr if values.get("lr") is None else values["lr"]
+    momentum = spec.default_momentum if values.get("momentum") is None else values["momentum"]
+    rho = BETA / (workers * lr) if values.get("rho") is None else values["rho"]
+    return Hyper(float(lr), float(momentum), float(rho))
 
 
 def ignored_options(algorithm: str, values: dict[str, Any]) -> list[tuple[str, str]]:

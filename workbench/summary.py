@@ -115,11 +115,10 @@ class RankReport(TypedDict):
 TRAFFIC_KEYS = ("wire_bytes", "dense_wire_bytes", "messages", "skipped_steps")
 
 
-def rank_report(rank: int, wall: float, setup: float, steps: int, cancelled: bool, _unused: int,
-                metrics: list[dict], events: list[dict], traffic: dict[str, int] | None = None) -> RankReport:
+def rank_report(rank: int, wall: float, setup: float, steps: int, cancelled: bool, metrics: list[dict],
+                events: list[dict], traffic: dict[str, int] | None = None) -> RankReport:
     """One rank's report. ``traffic``: the rank's counters, the one byte counter included
-    (:attr:`~workbench.runtime.rank.context.Context.traffic`). ``_unused``: the place of the
-    old point-to-point byte count, which ``traffic`` holds too (kept while the worker passes it)."""
+    (:attr:`~workbench.runtime.rank.context.Context.traffic`)."""
     time_in = {cat: busy_seconds(events, (cat,)) for cat in CATEGORIES}
     time_in["exposed_comm"] = exposed_comm_seconds(events)
     return {"rank": rank, "wall": wall, "setup": setup, "time_in": time_in,

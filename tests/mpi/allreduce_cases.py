@@ -64,7 +64,7 @@ def test_allreduce_matches_mpi_allreduce(comm_name, algorithm, kind, dtype):
 
 
 @pytest.mark.parametrize("comm_name", list(COMMS))
-@pytest.mark.parametrize("algorithm", list(schedules.ALGORITHMS))
+@pytest.mark.parametrize("algorithm", list(schedules.SCHEDULES))
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_schedules_on_random_floats_agree_bitwise_across_ranks(comm_name, algorithm, dtype):
     comm = COMMS[comm_name]

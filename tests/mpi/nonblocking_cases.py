@@ -184,7 +184,7 @@ def test_telemetry_records_one_comm_span_per_handle_from_issue_to_completion():
     assert native["args"]["wire_bytes"] == round(2 * (SIZE - 1) / SIZE * 10 * 4)  # float32 on the wire
 
 
-@pytest.mark.parametrize("algorithm", list(schedules.ALGORITHMS))
+@pytest.mark.parametrize("algorithm", list(schedules.SCHEDULES))
 def test_mismatched_lengths_raise_length_mismatch_on_some_rank(algorithm):
     if SIZE == 1:  # nothing to mismatch: done at issue (kept as a case so every rank count runs them all)
         assert iallreduce(np.ones(10, np.float32), WORLD, algorithm).done

@@ -19,6 +19,16 @@ def parse_sizes(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def fusion_bytes_argument(text: str) -> int | None:
+    """``--fusion-bytes`` (train, compare, predict): :func:`workbench.sizes.parse_fusion_bytes`
+    (``inf``/``none``: None, one message per step; ``0``: one per tensor; else a size like 64M)."""
+    from ..sizes import parse_fusion_bytes
+    try:
+        return parse_fusion_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def positive_seconds(text: str) -> float:
     """A finite number of seconds > 0 (``--timeout``)."""
     try:

@@ -58,7 +58,7 @@ def _one_line_errors(parser: argparse.ArgumentParser) -> None:
 
 
 def add_to(sub) -> None:
-    from ..schedules import ALGORITHMS as COLLECTIVES
+    from ..schedules import SCHEDULES as COLLECTIVES
     p = sub.add_parser("plan", help="plan burst parallelism: every layer its own number of GPUs (DeepPool)",
                        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     _one_line_errors(p)

@@ -24,6 +24,8 @@ import json
 import sys
 from pathlib import Path
 
+from .common import fusion_bytes_argument
+
 #: the rank counts of GradientFlow's scaling study
 DEFAULT_RANKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 #: the keys of the JSON file ``--json`` writes
@@ -41,20 +43,10 @@ def parse_ranks(text: str) -> list[int]:
     return ranks
 
 
-def parse_fusion(text: str) -> int | None:
-    """``--fusion-bytes``: :func:`workbench.sizes.parse_fusion_bytes` (``inf``/``none``: None, one
-    message per step; ``0``: per tensor; else a size like 64M)."""
-    from ..sizes import parse_fusion_bytes
-    try:
-        return parse_fusion_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def add_to(sub) -> None:
     from ..comm.options import PRESETS, WIRE_DTYPES
-    from ..netsim.predict import ALGORITHMS
-    from ..schedules import ALGORITHMS as COLLECTIVES
+    from ..netsim.predict import PREDICTABLE
+    from ..schedules import SCHEDULES as COLLECTIVES
     p = sub.add_parser("predict", help="predict step time, communication share and scaling on N ranks",
                        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", choices=("alexnet",), default="alexnet",
@@ -75,16 +67,17 @@ def add_to(sub) -> None:
     p.add_argument("--topology", default="fully_connected:{n}",
                    help="with --simulate: the network, {n} for the rank count (default fully_connected:{n})")
     p.add_argument("--collective", choices=tuple(COLLECTIVES), default="ring", help="all-reduce schedule (default ring)")
-    p.add_argument("--preset", choices=tuple(PRESETS), default=None,
-                   help="start from a communication preset; the options below override it")
-    p.add_argument("--fusion-bytes", type=parse_fusion, default=argparse.SUPPRESS,  # absent: the preset's
+    p.add_argument("--communication", "--preset", dest="communication", choices=tuple(PRESETS), default=None,
+                   metavar="PRESET", help=f"start from a communication preset ({', '.join(PRESETS)}), as train's "
+                                          f"--communication; the options below override it (--preset: the old name)")
+    p.add_argument("--fusion-bytes", type=fusion_bytes_argument, default=argparse.SUPPRESS,  # absent: the preset's
                    help="bucket threshold: 0 (per tensor), a size (64M), inf or none (one message per step, the default)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="issue buckets while backward runs (default off)")
     p.add_argument("--wire-dtype", choices=tuple(WIRE_DTYPES), default=None, help="gradient dtype on the wire")
     p.add_argument("--sparse-ratio", type=float, default=None, help="CSC: share of chunks sent, in (0, 1]")
     p.add_argument("--sparse-chunk", type=int, default=None, help="CSC: chunk size in elements (default 64)")
-    p.add_argument("--algorithm", choices=ALGORITHMS, default="sync-sgd", help="training algorithm (default sync-sgd)")
+    p.add_argument("--algorithm", choices=PREDICTABLE, default="sync-sgd", help="training algorithm (default sync-sgd)")
     p.add_argument("--tau", type=int, default=1, help="EASGD: steps between exchanges (default 1)")
     p.add_argument("--update-s", type=float, default=0.0, help="seconds of the optimizer update per step (default 0)")
     p.add_argument("--json", metavar="FILE", help="also write the prediction as JSON (keys in `workbench predict -h`)")
@@ -93,7 +86,7 @@ def add_to(sub) -> None:
 
 def _options(args) -> dict:
     from ..comm.options import resolve
-    options = resolve(args.preset)
+    options = resolve(args.communication)
     given = {"overlap": args.overlap, "wire_dtype": args.wire_dtype, "sparse_ratio": args.sparse_ratio,
              "sparse_chunk": args.sparse_chunk}
     options.update({k: v for k, v in given.items() if v is not None})

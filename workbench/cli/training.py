@@ -15,21 +15,8 @@ from ..optim.registry import ALGORITHMS
 from ..runtime.launch.blame import MPILaunchError
 from ..runtime.launch.mpiexec import LAUNCHER_NAMES
 from ..summary import PRINTED_KEYS
-from .common import interrupt_code, open_store, percent, positive_int, positive_seconds, say
+from .common import fusion_bytes_argument, interrupt_code, open_store, percent, positive_int, positive_seconds, say
 from .recording import recorded_train
-
-def fusion_bytes(text: str) -> int | None:
-    """``--fusion-bytes``: ``inf`` (one message per step), ``0``, or a size (``4096``, ``64K``)."""
-    if text.strip().lower() in ("inf", "none"):
-        return None
-    if text.strip() == "0":
-        return 0
-    from ..sizes import parse_size
-    try:
-        return parse_size(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be 0, inf or a size like 4096, 64K, 1M; got {text!r}") from None
-
 
 def srun_arguments(text: str) -> list[str]:
     """``--srun-args``: one string of srun arguments, split as a shell would."""
@@ -156,7 +143,7 @@ def _launcher(text: str) -> str:
 
 
 #: argparse types of options whose text is not their value's Python spelling
-_TYPES = {"fusion_bytes": fusion_bytes}
+_TYPES = {"fusion_bytes": fusion_bytes_argument}
 
 
 def flag_of(message: str) -> str:

@@ -29,7 +29,7 @@ def native(flat: FlatBuffer, comm: MPI.Comm) -> None:
 
 
 def _schedule(name: str) -> Implementation:
-    generator = schedules.ALGORITHMS[name]
+    generator = schedules.SCHEDULES[name]
 
     def run(flat: FlatBuffer, comm: MPI.Comm) -> None:
         execute(generator(comm.Get_size()), flat, private_comm(comm))
@@ -40,7 +40,7 @@ def _schedule(name: str) -> Implementation:
 
 #: name -> implementation: ``native`` first, then every schedule that takes only a rank count
 IMPLEMENTATIONS: dict[str, Implementation] = {NATIVE: native,
-                                              **{name: _schedule(name) for name in schedules.ALGORITHMS}}
+                                              **{name: _schedule(name) for name in schedules.SCHEDULES}}
 
 
 def wire(flat: FlatBuffer) -> FlatBuffer:
@@ -69,5 +69,5 @@ def message_wire_bytes(length: int, itemsize: int, comm: MPI.Comm, algorithm: st
     n = comm.Get_size()
     if algorithm == NATIVE:
         return round(2 * (n - 1) / n * length * itemsize)
-    plan = compile_plan(schedules.ALGORITHMS[algorithm](n), length, comm.Get_rank())
+    plan = compile_plan(schedules.SCHEDULES[algorithm](n), length, comm.Get_rank())
     return plan.sent_elems * itemsize

@@ -1,6 +1,6 @@
 """``allreduce(buf, comm=None, algorithm="auto")``: sum a buffer in place across ranks.
 
-``algorithm`` is a schedule name (:data:`workbench.schedules.ALGORITHMS`), ``"native"`` (the MPI
+``algorithm`` is a schedule name (:data:`workbench.schedules.SCHEDULES`), ``"native"`` (the MPI
 library's ``MPI_Allreduce``) or ``"auto"``. ``auto`` follows Horovod's operation manager: an
 ordered list of implementations (:data:`AUTO_ORDER`), and the first one enabled for this
 buffer runs.

@@ -209,7 +209,7 @@ class _ScheduleHandle(Handle):
         self._wide = flat if narrow_bf16 else wire(flat)
         self._pcomm = private_comm(comm)
         self._rank = comm.Get_rank()
-        self._schedule = schedules.ALGORITHMS[algorithm](comm.Get_size())
+        self._schedule = schedules.SCHEDULES[algorithm](comm.Get_size())
         self._plan = compile_plan(self._schedule, flat.length, self._rank)
         self._work = np.empty(self._plan.workspace_elems * self._wide.itemsize, dtype=np.uint8)
         self._tag = _state(comm).next_tag()

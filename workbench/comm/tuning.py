@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 from mpi4py import MPI
 
+from ..files import atomic_write
 from .buffers import FlatBuffer
 from .executor import cached_on, state_key
 from .implementations import IMPLEMENTATIONS, run_algorithm
@@ -136,9 +137,7 @@ class Tuner:
         data = self._load()
         data.setdefault(self.signature, {})[key] = entry
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(path)
+        atomic_write(path, json.dumps(data, indent=1, sort_keys=True))
 
 
 def _scratch(nbytes: int, dtype_name: str) -> FlatBuffer:

@@ -48,10 +48,10 @@ def load_measurements(source) -> pd.DataFrame:
     missing = {"algorithm", "bytes", "seconds"} - set(frame.columns)
     if missing:
         raise CalibrationError(f"calibrate: measurements lack the column(s) {sorted(missing)}")
-    frame = frame[frame["algorithm"].isin(list(schedules.ALGORITHMS))]
+    frame = frame[frame["algorithm"].isin(list(schedules.SCHEDULES))]
     if frame.empty:
         raise CalibrationError("calibrate: no measurements of a schedule algorithm "
-                            f"({', '.join(schedules.ALGORITHMS)})")
+                            f"({', '.join(schedules.SCHEDULES)})")
     return frame[["algorithm", "bytes", "seconds"]].reset_index(drop=True)
 
 
@@ -98,7 +98,7 @@ def calibrate(measurements, topo: Topology | None = None) -> Calibration:
     topo = topo if topo is not None else fully_connected(nranks)
     hops, volume = [], []
     for algorithm, nbytes in zip(frame["algorithm"], frame["bytes"]):
-        schedule = schedules.ALGORITHMS[algorithm](nranks)
+        schedule = schedules.SCHEDULES[algorithm](nranks)
         hops.append(simulate(schedule, topo, nbytes, link_bandwidth=1e300, link_latency=1.0).seconds)
         volume.append(simulate(schedule, topo, nbytes, link_bandwidth=1.0, link_latency=0.0).seconds)
     features = np.column_stack([hops, volume])

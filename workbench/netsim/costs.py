@@ -5,7 +5,7 @@ Two models with one interface (``allreduce(nbytes, nranks) -> seconds``, ``point
 -> seconds``, ``wire_bytes(nbytes, nranks) -> bytes one rank sends``, ``with_collective(name)``):
 
 - :class:`AlphaBeta` (default): the closed-form alpha-beta cost of the schedules of
-  :data:`~workbench.schedules.ALGORITHMS` on a non-blocking network (every rank its own full-speed
+  :data:`~workbench.schedules.SCHEDULES` on a non-blocking network (every rank its own full-speed
   link, one hop per transfer). It is exactly what the lock-step simulator gives for them on
   ``fully_connected(N)`` (``tests/test_predict.py`` checks it), and costs nothing at 512 ranks:
 
@@ -96,7 +96,7 @@ def wire_bytes(collective: str, nranks: int, nbytes: float) -> float:
     """Bytes one rank sends to all-reduce ``nbytes`` bytes, averaged over the ranks: ``2(N-1)/N n``
     for every schedule but recursive doubling (whole buffers: ``log2(p) n`` per rank of the power
     of two ``p``, plus the fold)."""
-    _check_collective(collective, tuple(schedules.ALGORITHMS))
+    _check_collective(collective, tuple(schedules.SCHEDULES))
     _check_size(nbytes, nranks)
     n = nranks
     if n == 1:
@@ -177,7 +177,7 @@ class Simulated:
 
     def __post_init__(self) -> None:
         _check_link(self.bandwidth, self.latency)
-        _check_collective(self.collective, tuple(schedules.ALGORITHMS))
+        _check_collective(self.collective, tuple(schedules.SCHEDULES))
 
     def network(self, nranks: int):
         from ..network.topology import parse
@@ -194,7 +194,7 @@ class Simulated:
             return 0.0
         key = (self.collective, nranks, float(nbytes))
         if key not in self._cache:
-            schedule = schedules.ALGORITHMS[self.collective](nranks)
+            schedule = schedules.SCHEDULES[self.collective](nranks)
             self._cache[key] = simulate(schedule, self.network(nranks), nbytes, self.bandwidth, self.latency,
                                         mode=self.mode).seconds
         return self._cache[key]

@@ -61,7 +61,7 @@ from .costs import network_model
 from .profile import LayerProfile, check_profile
 
 #: the training algorithms the predictor models
-ALGORITHMS = ("sync-sgd", "sync-easgd", "easgd")
+PREDICTABLE = ("sync-sgd", "sync-easgd", "easgd")  # the training algorithms it models
 #: how MPI's native all-reduce moves one float (the fp16/bf16 overflow decision): MPICH uses
 #: recursive doubling for small messages
 DECISION_COLLECTIVE = "recursive_doubling"
@@ -149,8 +149,8 @@ def _bucket_messages(elements: int, opts: Communication) -> list[tuple[str, int]
 def _check(ranks, algorithm: str, tau, update_s, apply_s, skew_s=0.0) -> None:
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise PredictError(f"ranks must be an integer >= 1; got {ranks!r}")
-    if algorithm not in ALGORITHMS:
-        raise PredictError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}")
+    if algorithm not in PREDICTABLE:
+        raise PredictError(f"algorithm must be one of {', '.join(PREDICTABLE)}; got {algorithm!r}")
     if algorithm == "easgd" and ranks < 2:
         raise PredictError(f"ranks must be >= 2 for easgd (rank 0 is the master); got {ranks}")
     if not isinstance(tau, int) or isinstance(tau, bool) or tau < 1:

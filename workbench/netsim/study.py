@@ -7,7 +7,7 @@
 ``schedule_on(name, topo)`` builds a schedule laid out for the network: ``ring`` follows the
 topology's ring embedding (the snake on a grid), ``ring_2d`` / ``ring_2d_bidir`` use the grid's
 shape (or the most square factorisation of the rank count), ``multitree`` grows its trees on
-the topology; the other names are :data:`~workbench.schedules.generators.ALGORITHMS`.
+the topology; the other names are :data:`~workbench.schedules.generators.SCHEDULES`.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from ..network.topology import Topology
 #: The paper's baselines and MultiTree, in the order tables show them.
 PAPER_ALGORITHMS = ("ring", "double_binary_tree", "ring_2d", "ring_2d_bidir", "halving_doubling", "multitree")
 #: Every name :func:`schedule_on` accepts.
-SIM_ALGORITHMS = tuple(dict.fromkeys(PAPER_ALGORITHMS + tuple(schedules.ALGORITHMS)))
+SIM_ALGORITHMS = tuple(dict.fromkeys(PAPER_ALGORITHMS + tuple(schedules.SCHEDULES)))
 #: The paper's message sizes: 32 KiB to 64 MiB.
 PAPER_SIZES = (32 << 10, 128 << 10, 512 << 10, 2 << 20, 8 << 20, 64 << 20)
 #: MultiTree's all-gather steps T from the public construction code: (torus side, k) -> T.
@@ -70,7 +70,7 @@ def schedule_on(name: str, topo: Topology, k: int = 2) -> Schedule:
         return ring_2d(*grid_shape(topo), bidirectional=name == "ring_2d_bidir")
     if name == "multitree":
         return multitree(topo, k)
-    return schedules.ALGORITHMS[name](n)
+    return schedules.SCHEDULES[name](n)
 
 
 def compare(topo: Topology, algorithms: Sequence[str] = PAPER_ALGORITHMS, sizes: Iterable[int] = PAPER_SIZES,

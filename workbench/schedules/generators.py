@@ -4,7 +4,7 @@ Every generator works for any rank count (1, 2, 3, 5, 17, ...), not only powers 
 Results are cached: calling a generator twice with the same arguments returns the same object,
 so executors can cache their per-rank plans by schedule identity.
 
-``ALGORITHMS`` maps each name accepted by :func:`workbench.collectives.allreduce` to the
+``SCHEDULES`` maps each name accepted by :func:`workbench.collectives.allreduce` to the
 generator that takes only the rank count.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from ..checks import integer
 from .schedule import Schedule, Transfer, make_schedule
 
 __all__ = ["ring", "recursive_doubling", "halving_doubling", "binary_tree",
-           "double_binary_tree", "linear", "ALGORITHMS", "tree_schedule"]
+           "double_binary_tree", "linear", "SCHEDULES", "tree_schedule"]
 
 
 def _check_nranks(nranks: int) -> None:
@@ -230,7 +230,7 @@ def linear(nranks: int) -> Schedule:
 
 
 #: Name -> generator taking only the rank count: the schedule names ``allreduce`` accepts.
-ALGORITHMS: dict[str, Callable[[int], Schedule]] = {
+SCHEDULES: dict[str, Callable[[int], Schedule]] = {
     "ring": ring,
     "recursive_doubling": recursive_doubling,
     "halving_doubling": halving_doubling,
@@ -239,3 +239,12 @@ ALGORITHMS: dict[str, Callable[[int], Schedule]] = {
     "linear": linear,
 }
 
+
+
+def __getattr__(name: str):
+    if name == "ALGORITHMS":  # the name until issue 23, when it met optim.registry.ALGORITHMS (training algorithms)
+        import warnings
+        warnings.warn("workbench.schedules.ALGORITHMS is now SCHEDULES (ALGORITHMS names the training algorithms)",
+                      DeprecationWarning, stacklevel=2)
+        return SCHEDULES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -201,9 +201,11 @@ class Runs(Database):
                       "algorithm": algo, "ranks": ranks, **{k: summary.get(k) for k in SUMMARY_COLUMNS},
                       "time_to_target": reached.get(run_id), "error": error, "sweep_id": sid, "sweep_key": key,
                       "run_dir": run_dir, "resumed_from": resumed}
-            for name, value in _flatten(json.loads(config)).items():
+            config = json.loads(config)
+            for name, value in _flatten(config).items():
                 record[_config_column(name)] = value
                 config_columns.setdefault(_config_column(name))
+            record.update(_hyper_columns(config))
             records.append(record)
         frame = pd.DataFrame.from_records(records, columns=RUN_COLUMNS + list(config_columns))
         frame["created"] = pd.to_datetime(frame["created"])
@@ -212,6 +214,15 @@ class Runs(Database):
         for column in _FLOAT_COLUMNS:
             frame[column] = frame[column].astype("float64")
         return frame
+
+
+def _hyper_columns(config: dict) -> dict[str, float]:
+    """lr, momentum and rho as the run used them (the config keeps None for the algorithm's defaults)."""
+    from ..config import hyper_of
+    try:
+        return {_config_column(k): v for k, v in hyper_of(config)._asdict().items()}
+    except (KeyError, TypeError, ZeroDivisionError):  # a config of another version, or no algorithm
+        return {}
 
 
 def _config_column(name: str) -> str:

@@ -65,7 +65,6 @@ class Context:
         self.telemetry = Telemetry(self.rank, time.perf_counter_ns()) if cfg.telemetry else None
         if self.telemetry:
             self.telemetry.observers.extend(self.observers)
-        self.bytes_sent = 0  # bytes the point-to-point exchanges sent (the all-reduces are in their spans)
         #: this rank's gradient/weight exchange traffic (every algorithm, telemetry on or off):
         #: bytes on the wire, what dense fp32 would have sent, messages, steps skipped (wire overflow)
         self.traffic = {"wire_bytes": 0, "dense_wire_bytes": 0, "messages": 0, "skipped_steps": 0}
@@ -138,7 +137,8 @@ class Context:
         if not math.isfinite(value):
             raise TrainingError(f"loss is {value} on rank {self.rank} at step {step}: training "
                                 f"diverged; lower lr (now {cfg.hyper.lr:g}) or rho (now {cfg.hyper.rho:g})")
-        self.add_metric({"kind": "train", "rank": self.rank, "step": step, "t": self.now(), "loss": value})
+        self.add_metric({"kind": "train", "rank": self.rank, "step": step, "t": self.now(), "loss": value,
+                         "wire_bytes": self.traffic["wire_bytes"]})  # so far: the live bytes per step
         return value
 
     @torch.no_grad()

@@ -54,8 +54,8 @@ def _finish(ctx: Context, final: torch.Tensor, wall: float, setup: float,
             run_dir: Path | None) -> Summary | None:
     cfg, comm = ctx.cfg, ctx.comm
     events = ctx.telemetry.events if ctx.telemetry else []
-    mine = rank_report(ctx.rank, wall, setup, ctx.steps_completed, ctx.cancelled, ctx.bytes_sent,
-                       ctx.metrics, events, ctx.traffic)
+    mine = rank_report(ctx.rank, wall, setup, ctx.steps_completed, ctx.cancelled, ctx.metrics, events,
+                       ctx.traffic)
     everyone = comm.gather(mine, root=0)
     if ctx.rank != 0:
         return None
