@@ -101,5 +101,5 @@ def test_a_user_hook_runs_for_every_bucket_and_changes_what_it_should(user_hooks
     assert half_counted["weights_checksum"] == half["weights_checksum"] != default["weights_checksum"]
     assert half_counted["wire_bytes"] == half["wire_bytes"] < default["wire_bytes"]
     halved = run("halving", comm_hook="wb_user_hooks:halving")
-    slower = run("half-lr", lr=default["config"]["lr"] / 2)
+    slower = run("half-lr", lr=default["hyper"]["lr"] / 2)
     assert halved["weights_checksum"] == slower["weights_checksum"] != default["weights_checksum"]
