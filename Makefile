@@ -8,7 +8,7 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export OMP_NUM_THREADS := 1
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: venv demo compare test chromium slurm netns slurm-up slurm-down test-fast lab bench clean
+.PHONY: venv demo compare test chromium slurm netns datasets slurm-up slurm-down test-fast lab bench clean
 
 venv: $(STAMP)
 
@@ -35,7 +35,7 @@ compare: venv
 
 # Unit, MPI and cluster tests, then every notebook executed by nbval (outputs not compared,
 # errors fail; cells that take long have their own timeouts).
-test: venv chromium slurm netns
+test: venv chromium slurm netns datasets
 	$(BIN)/python -m pytest -q tests notebooks --nbval-lax --nbval-cell-timeout=600
 
 # The browser test drives Debian's chromium (never `playwright install`): installed with apt-get
@@ -51,6 +51,13 @@ slurm:
 	@test -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd -a -x /usr/sbin/munged -a -x /usr/bin/srun || { \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \
 		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q slurmctld slurmd slurm-client munge; }
+
+# Fashion-MNIST (dataset="fashion-mnist"): Debian's dataset-fashion-mnist, the four IDX gzip files under
+# /usr/share/datasets/fashion-mnist/ (30 MB), installed with apt-get when missing; never downloaded at run time.
+datasets:
+	@test -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \
+		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q dataset-fashion-mnist; }
 
 # The virtual-cluster tests build namespaced nodes with iproute2 (ip, tc) and util-linux (nsenter,
 # unshare, setpriv), installed with apt-get when missing.

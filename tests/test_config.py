@@ -27,7 +27,7 @@ from workbench.data import save_arrays
     ({"model": "resnet"}, "model: model must be one of mlp, wide_mlp, cnn or 'module:function'"),
     ({"model": "no_such_module:f"}, "cannot import 'no_such_module'"),
     ({"model": "math:no_such_function"}, "math has no function 'no_such_function'"),
-    ({"dataset": "imagenet"}, "dataset must be one of digits, synthetic or a path to an .npz"),
+    ({"dataset": "imagenet"}, "dataset must be one of digits, synthetic, fashion-mnist, idx:FOLDER"),
     ({"dataset": "/nonexistent/x.npz"}, "dataset: cannot read"),
     ({"collective": "fastest"}, "collective must be one of auto, native, ring"),
     ({"overlap": "yes"}, "overlap must be true or false"),

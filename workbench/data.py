@@ -3,6 +3,11 @@
 - ``digits``: the 8x8 handwritten digits bundled with scikit-learn (1797 images), split 80/20
   (stratified, fixed split seed so every run sees the same test set), pixels scaled to [0, 1].
 - ``synthetic``: a classification problem of any size (scikit-learn ``make_classification``).
+- ``fashion-mnist``: Zalando's Fashion-MNIST (60,000 + 10,000 28x28 grey images, 10 classes) from
+  Debian's ``dataset-fashion-mnist`` package (IDX gzip files under :data:`FASHION_MNIST`; ``make
+  test`` installs it); ``idx:FOLDER``: any MNIST-format folder (MNIST, KMNIST, EMNIST files a
+  cluster already has: ``train-images-idx3-ubyte``, ``train-labels-idx1-ubyte``, ``t10k-...``,
+  each optionally ``.gz``). Pixels scaled to [0, 1], images flattened (784 features).
 - a path to an ``.npz`` file with ``X_train, y_train, X_test, y_test``: user-supplied arrays;
   :func:`save_arrays` writes one from numpy arrays. :func:`check_arrays` refuses (ValueError,
   naming the array) what cannot train: an empty split, strings or objects, X and y of different
@@ -22,7 +27,13 @@ from pathlib import Path
 
 import numpy as np
 
-BUILTIN_DATASETS = ("digits", "synthetic")
+BUILTIN_DATASETS = ("digits", "synthetic", "fashion-mnist")
+#: where Debian's dataset-fashion-mnist puts the four IDX files
+FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
+#: the four files of an MNIST-format folder (each may end in .gz)
+IDX_FILES = {"X_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
+             "X_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte"}
+_KNOWN = "digits, synthetic, fashion-mnist, idx:FOLDER (an MNIST-format folder) or a path to an .npz file"
 #: Labels are class indices 0 .. MAX_CLASSES - 1: the model's output layer has max label + 1
 #: units, so one stray label of 1e9 would otherwise ask for gigabytes of weights.
 MAX_CLASSES = 100_000
@@ -154,6 +165,64 @@ def from_npz(path: str | os.PathLike) -> Dataset:
     return _tensors(Path(path).stem, *(arrays[name] for name in _ARRAYS))
 
 
+def _idx_folder(name: str) -> Path | None:
+    """The folder of an IDX dataset name, or None when ``name`` is not one."""
+    if name == "fashion-mnist":
+        return FASHION_MNIST
+    if name.startswith("idx:"):
+        return Path(name[4:])
+    return None
+
+
+def _idx_path(name: str, folder: Path, key: str) -> Path:
+    for path in (folder / IDX_FILES[key], folder / (IDX_FILES[key] + ".gz")):
+        if path.is_file():
+            return path
+    if name == "fashion-mnist" and not folder.is_dir():
+        raise ValueError(f"dataset 'fashion-mnist': {folder} is missing; install Debian's dataset-fashion-mnist "
+                         f"(apt-get install dataset-fashion-mnist; `make test` does)")
+    raise ValueError(f"dataset {name!r}: {folder} has no {IDX_FILES[key]}[.gz] (an MNIST-format folder holds "
+                     f"{', '.join(IDX_FILES.values())})")
+
+
+def read_idx(path: str | os.PathLike, header_only: bool = False) -> np.ndarray | tuple[int, ...]:
+    """An IDX file (``.gz`` or raw) of unsigned bytes as a numpy array, or with ``header_only`` its
+    shape; ValueError naming the file when it is not one."""
+    import gzip
+    opener = gzip.open if str(path).endswith(".gz") else open
+    with opener(path, "rb") as f:
+        head = f.read(4)
+        if len(head) != 4 or head[:2] != b"\0\0" or head[2] != 0x08 or not 1 <= head[3] <= 4:
+            raise ValueError(f"{os.fspath(path)!r} is not an IDX file of unsigned bytes (magic {head.hex()!r})")
+        shape = tuple(int.from_bytes(f.read(4), "big") for _ in range(head[3]))
+        if header_only:
+            return shape
+        data = np.frombuffer(f.read(), dtype=np.uint8)
+    if data.size != int(np.prod(shape)):
+        raise ValueError(f"{os.fspath(path)!r}: {data.size} bytes of data for shape {shape}")
+    return data.reshape(shape)
+
+
+def _describe_idx(name: str, folder: Path) -> DataInfo:
+    shapes = {key: read_idx(_idx_path(name, folder, key), header_only=True) for key in IDX_FILES}
+    for split in ("train", "test"):
+        images, labels = shapes[f"X_{split}"], shapes[f"y_{split}"]
+        if len(images) < 2 or len(labels) != 1 or images[0] != labels[0] or images[0] == 0:
+            raise ValueError(f"dataset {name!r}: {split} images {images} and labels {labels} do not match")
+    if shapes["X_train"][1:] != shapes["X_test"][1:]:
+        raise ValueError(f"dataset {name!r}: train images {shapes['X_train'][1:]} vs test {shapes['X_test'][1:]}")
+    classes = max(int(read_idx(_idx_path(name, folder, key)).max()) for key in ("y_train", "y_test")) + 1
+    return DataInfo(shapes["X_train"][0], shapes["X_test"][0], (int(np.prod(shapes["X_train"][1:])),), classes)
+
+
+def from_idx(name: str) -> Dataset:
+    """An IDX dataset (``fashion-mnist`` or ``idx:FOLDER``): pixels / 255, images flattened."""
+    folder = _idx_folder(name)
+    arrays = {key: read_idx(_idx_path(name, folder, key)) for key in IDX_FILES}
+    X = {key: arrays[key].reshape(len(arrays[key]), -1).astype(np.float32) / 255.0 for key in ("X_train", "X_test")}
+    return _tensors(name, X["X_train"], arrays["y_train"].astype(np.int64), X["X_test"], arrays["y_test"].astype(np.int64))
+
+
 def describe(name: str, *, samples: int = 4000) -> DataInfo:
     """Sizes, sample shape and class count of a dataset by name or ``.npz`` path, with numpy
     only; ValueError for an unknown name or arrays :func:`check_arrays` refuses."""
@@ -162,24 +231,26 @@ def describe(name: str, *, samples: int = 4000) -> DataInfo:
     if name == "synthetic":
         cut = int(samples * 0.8)
         return DataInfo(cut, samples - cut, (64,), 10)  # synthetic()'s defaults
+    if (folder := _idx_folder(name)) is not None:
+        return _describe_idx(name, folder)
     if name.endswith(".npz"):
         if Path(name).is_dir():
             raise ValueError(f"cannot read {name!r}: it is a directory")
         return check_arrays(**_read_npz(name), where=f"{name!r}")
-    raise ValueError(f"dataset must be one of {', '.join(BUILTIN_DATASETS)} or a path to an .npz "
-                     f"file; got {name!r}")
+    raise ValueError(f"dataset must be one of {_KNOWN}; got {name!r}")
 
 
 def load(name: str, *, samples: int = 4000, seed: int = 0) -> Dataset:
-    """A dataset by name (``digits``, ``synthetic``) or ``.npz`` path."""
+    """A dataset by name (``digits``, ``synthetic``, ``fashion-mnist``, ``idx:FOLDER``) or ``.npz`` path."""
     if name == "digits":
         return digits()
     if name == "synthetic":
         return synthetic(samples=samples, seed=seed)
+    if _idx_folder(name) is not None:
+        return from_idx(name)
     if name.endswith(".npz"):
         return from_npz(name)
-    raise ValueError(f"dataset must be one of {', '.join(BUILTIN_DATASETS)} or a path to an .npz "
-                     f"file; got {name!r}")
+    raise ValueError(f"dataset must be one of {_KNOWN}; got {name!r}")
 
 
 def shard_indices(num_samples: int, shard: int, num_shards: int) -> np.ndarray:
