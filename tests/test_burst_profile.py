@@ -48,11 +48,12 @@ class _Residual(nn.Module):
 
 @pytest.mark.parametrize("name", models.BUILTIN_MODELS)
 def test_chain_models_layer_i_is_model_i(name):
-    model = models.build(name, 64, 10)
-    graph, fns = layer_graph(model, (64,), name)
+    features = 784 if name == "lenet" else 64  # lenet: side >= 12
+    model = models.build(name, features, 10)
+    graph, fns = layer_graph(model, (features,), name)
     assert len(graph.layers) == len(fns) == len(model)
     assert all(fns[i] is model[i] for i in range(len(model)))
-    assert graph.is_chain() and graph.input_dim == 64
+    assert graph.is_chain() and graph.input_dim == features
     for i, layer in enumerate(graph.layers):
         assert layer.id == i and layer.prev == ((i - 1,) if i else ())
         assert layer.next == ((i + 1,) if i < len(model) - 1 else ())

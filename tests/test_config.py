@@ -24,7 +24,7 @@ from workbench.data import save_arrays
     ({"batch_size": 500}, "batch_size 500 is larger than a worker's shard (359 samples"),
     ({"momentum": 1.0}, "momentum must be a number in [0, 1)"),
     ({"momentum": -0.5}, "momentum must be a number in [0, 1)"),
-    ({"model": "resnet"}, "model: model must be one of mlp, wide_mlp, cnn or 'module:function'"),
+    ({"model": "resnet"}, "model: model must be one of mlp, wide_mlp, cnn, lenet or 'module:function'"),
     ({"model": "no_such_module:f"}, "cannot import 'no_such_module'"),
     ({"model": "math:no_such_function"}, "math has no function 'no_such_function'"),
     ({"dataset": "imagenet"}, "dataset must be one of digits, synthetic, fashion-mnist, idx:FOLDER"),

@@ -91,3 +91,16 @@ def test_sync_sgd_learns_fashion_mnist_in_one_epoch(tmp_path):
     import json
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_test_accuracy"] >= 0.75, summary["final_test_accuracy"]  # MLPClassifier's published 0.87
+
+
+def test_lenet_takes_28x28_images_with_lenet5s_parameter_count():
+    import torch
+
+    from workbench import models
+    model = models.build("lenet", 784, 10)
+    assert sum(p.numel() for p in model.parameters()) == 61_706  # 156 + 2,416 + 48,120 + 10,164 + 850
+    assert model(torch.zeros(3, 784)).shape == (3, 10)
+    RunConfig(model="lenet", dataset="fashion-mnist")  # validated without torch: by arithmetic
+    with pytest.raises(ConfigError, match=r"model 'lenet' needs square images of side >= 12 \(28x28: "
+                                          r"fashion-mnist\); 64 features is not one"):
+        RunConfig(model="lenet", dataset="digits")

@@ -75,7 +75,7 @@ class RunConfig:
     algorithm: str = option("sync-easgd", "the training algorithm (`workbench algorithms`)",
                             check=one_of(lambda: ALGORITHMS), flag=None)
     ranks: int = option(4, "MPI ranks", check=integer_check(1), type=int)
-    model: str = option("mlp", "mlp, wide_mlp, cnn, or module:function", check=string_check)
+    model: str = option("mlp", "mlp, wide_mlp, cnn, lenet, or module:function", check=string_check)
     dataset: str = option("digits", "digits, synthetic, fashion-mnist, idx:FOLDER (MNIST format) or a .npz path",
                           check=string_check)
     epochs: int = option(10, "passes over each worker's shard", check=integer_check(1), type=int)

@@ -1,7 +1,8 @@
 """The model zoo and flat parameter buffers ("single-layer communication").
 
 Models by name: ``mlp`` (small, for digits), ``wide_mlp`` (>= 1M parameters, so communication
-matters), ``cnn`` (small convolutional net for 8x8 images). Any user model works through the
+matters), ``cnn`` (small convolutional net for 8x8 images), ``lenet`` (LeNet-5's two convolutions
+and three dense layers, for square images of side >= 12: 61,706 parameters on 28x28 Fashion-MNIST). Any user model works through the
 same path: ``model="package.module:function"`` names a function ``(num_features, num_classes)
 -> torch.nn.Module`` that every rank imports. Importing it runs that module's code in the
 process that validates the configuration (notebook kernel, CLI) and on every rank;
@@ -20,7 +21,9 @@ import functools
 import importlib
 import math
 
-BUILTIN_MODELS = ("mlp", "wide_mlp", "cnn")
+BUILTIN_MODELS = ("mlp", "wide_mlp", "cnn", "lenet")
+#: the smallest image side LeNet-5 takes (5x5 convolutions and two 2x2 poolings leave >= 1 pixel)
+LENET_MIN_SIDE = 12
 
 
 @functools.cache
@@ -55,6 +58,13 @@ def build(name: str, num_features: int, num_classes: int) -> nn.Module:
         return nn.Sequential(_Image(side), nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(),
                              nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                              nn.Flatten(), nn.Linear(32 * (side // 2) ** 2, num_classes))
+    if name == "lenet":
+        side = math.isqrt(num_features)
+        out = ((side // 2) - 4) // 2  # conv 5x5 (padded), pool 2, conv 5x5, pool 2
+        return nn.Sequential(_Image(side), nn.Conv2d(1, 6, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2),
+                             nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                             nn.Linear(16 * out * out, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
+                             nn.Linear(84, num_classes))
     if ":" in name:
         module_name, _, attr = name.partition(":")
         factory = getattr(importlib.import_module(module_name), attr)
@@ -114,6 +124,9 @@ def check_model(name: str, feature_shape: tuple[int, ...], num_classes: int) -> 
         side = math.isqrt(num_features)
         if name == "cnn" and side * side != num_features:
             raise ValueError(f"model 'cnn' needs square images; {num_features} features is not a square")
+        if name == "lenet" and (side * side != num_features or side < LENET_MIN_SIDE):
+            raise ValueError(f"model 'lenet' needs square images of side >= {LENET_MIN_SIDE} (28x28: fashion-mnist); "
+                             f"{num_features} features is not one")
         return
     import torch
     factory = _factory(name)
