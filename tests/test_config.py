@@ -117,3 +117,11 @@ def test_one_declared_option_reaches_every_reader(tmp_path):
                   store=tmp_path / "s.sqlite")
     assert sorted(cfg.label_smoothing for _, cfg in sweep.points) == [0.0, 0.2]
     assert "label_smoothing" in sweep.store.runs().columns
+
+
+def test_label_smoothing_reaches_the_ranks_loss(tmp_path):
+    """The rank's loss uses it: smoothing raises the training loss's floor (same seed, same batches)."""
+    from workbench.runtime.launch.batch import train
+    loss = {s: train(RunConfig(algorithm="sync-sgd", ranks=2, epochs=1, label_smoothing=s),
+                     tmp_path / str(s))["final_loss"] for s in (0.0, 0.5)}
+    assert loss[0.5] > loss[0.0] + 0.2, loss
