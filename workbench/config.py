@@ -211,7 +211,8 @@ class RunConfig:
     def hyper(self) -> Hyper:
         """``lr``, ``momentum`` and ``rho`` as the run uses them: the caller's, else the algorithm's
         defaults (registry) and ``rho = BETA / (p * lr)`` with ``p`` workers."""
-        return hyper_of(self.to_dict())
+        # not to_dict(): asdict deep-copies every field, and the update rules read this every step
+        return hyper_of({name: getattr(self, name) for name in ("algorithm", "ranks", "lr", "momentum", "rho")})
 
     @property
     def communication_options(self) -> Communication:
