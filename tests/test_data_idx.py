@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import numpy as np
+import torch
 import pytest
 
 from workbench import data
@@ -91,6 +92,39 @@ def test_sync_sgd_learns_fashion_mnist_in_one_epoch(tmp_path):
     import json
     summary = json.loads((out / "summary.json").read_text())
     assert summary["final_test_accuracy"] >= 0.75, summary["final_test_accuracy"]  # MLPClassifier's published 0.87
+    # each rank holds its half of the 60,000 training images as float32 (+ int64 labels), the test set on rank 0 only
+    half = 30_000 * (784 * 4 + 8)
+    memory = {r["rank"]: r for r in summary["memory_per_rank"]}
+    assert memory[0]["data_bytes"] == half + 10_000 * (784 * 4 + 8) and memory[1]["data_bytes"] == half
+    assert all(r["max_rss_bytes"] > r["data_bytes"] for r in memory.values())
+
+
+@pytest.mark.parametrize("name", ["digits", "fashion-mnist"])
+def test_a_shard_holds_exactly_its_rows_of_the_whole_set(name):
+    whole = data.load(name)
+    for index in range(3):
+        shard = data.load(name, shard=(index, 3), test=False)
+        assert torch.equal(shard.X_train, whole.X_train[index::3]) and torch.equal(shard.y_train, whole.y_train[index::3])
+        assert (shard.train_samples, shard.num_classes, len(shard.y_test)) == (whole.train_samples, 10, 0)
+        # the batches are the same whether the rank holds the whole set or its shard
+        mine, full = data.Batches(shard, index, 3, 32, seed=4), data.Batches(whole, index, 3, 32, seed=4)
+        for step in (0, 5, mine.steps_per_epoch + 1):
+            assert all(torch.equal(a, b) for a, b in zip(mine.batch(step), full.batch(step)))
+    master = data.load(name, shard=(None, 3))
+    assert len(master.y_train) == 0 and master.num_features == whole.num_features and torch.equal(master.y_test, whole.y_test)
+    with pytest.raises(ValueError, match="holds shard 0 of 3"):
+        data.Batches(data.load(name, shard=(0, 3)), 1, 3, 32, seed=0)
+
+
+def test_synthetic_imagenet_makes_rows_on_demand_the_same_on_every_rank():
+    info = data.describe("synthetic-imagenet", samples=40)
+    assert info == data.DataInfo(40, 64, (3 * 224 * 224,), 1000)
+    whole = data.load("synthetic-imagenet", samples=40, seed=3)
+    shard = data.load("synthetic-imagenet", samples=40, seed=3, shard=(1, 4))
+    rows = torch.tensor([0, 2])
+    assert torch.equal(shard.X_train[rows], whole.X_train[torch.tensor([1, 9])])  # rows 1, 5, 9, ... of the whole
+    assert shard.X_train[rows].shape == (2, 150_528) and shard.nbytes < 10_000  # labels only: pixels are made on demand
+    assert not torch.equal(whole.X_train[rows], data.load("synthetic-imagenet", samples=40, seed=4).X_train[rows])
 
 
 def test_lenet_takes_28x28_images_with_lenet5s_parameter_count():

@@ -45,9 +45,13 @@ def test_wide_mlp_has_over_a_million_parameters():
     assert sum(p.numel() for p in m.parameters()) >= 1_000_000
 
 
+#: the smallest inputs each image model takes here (lenet: side >= 12; alexnet: 3 channels of side >= 63)
+FEATURES = {"lenet": 784, "resnet18": 784, "alexnet": 3 * 63 * 63}
+
+
 @pytest.mark.parametrize("name", models.BUILTIN_MODELS)
 def test_flat_params_are_views_and_gradients_land_in_the_flat_buffer(name):
-    features = 784 if name == "lenet" else 64  # lenet: side >= 12
+    features = FEATURES.get(name, 64)
     m = models.build(name, features, 10)
     flat = models.FlatParams(m)
     assert flat.numel == sum(p.numel() for p in m.parameters())
@@ -60,6 +64,30 @@ def test_flat_params_are_views_and_gradients_land_in_the_flat_buffer(name):
         flat.check_grads_are_views()
     assert flat.grad.abs().sum() > 0
     assert sum(s.numel() for s in flat.segments(flat.data)) == flat.numel
+
+
+@pytest.mark.parametrize("name, features, classes, tensors, parameters", [
+    ("lenet", 784, 10, 10, 61_706),
+    ("resnet18", 784, 10, 62, 11_172_810),       # GradientFlow's many-tensor case: 62 gradient tensors
+    ("resnet18", 3 * 32 * 32, 10, 62, 11_173_962),  # three channels: the first convolution takes 3
+    ("alexnet", 3 * 224 * 224, 1000, 16, 61_100_840),  # torchvision's AlexNet, as GradientFlow trains it
+])
+def test_torchvision_models_shapes_and_parameter_counts(name, features, classes, tensors, parameters):
+    m = models.build(name, features, classes)
+    params = [p for p in m.parameters() if p.requires_grad]
+    assert (len(params), sum(p.numel() for p in params)) == (tensors, parameters)
+    with torch.no_grad():
+        assert m(torch.rand(2, features)).shape == (2, classes)
+
+
+@pytest.mark.parametrize("name, features, message", [
+    ("alexnet", 784, "side >= 63"), ("alexnet", 3 * 62 * 62, "side >= 63"), ("resnet18", 785, "square images of 1 or 3"),
+    ("lenet", 3 * 28 * 28, "side >= 12"), ("resnet18", 2 * 28 * 28, "1 or 3 channels"),
+])
+def test_image_models_refuse_inputs_they_cannot_take_in_one_line(name, features, message):
+    with pytest.raises(ValueError, match=message) as info:
+        models.check_model(name, (features,), 10)
+    assert "\n" not in str(info.value) and name in str(info.value)
 
 
 def test_user_model_by_module_function():

@@ -72,7 +72,9 @@ def test_refusals():
     with pytest.raises(LayerProfileError, match="statistic"):
         profile_layers(models.build("mlp", 64, 10), (64,), 4, statistic="mode")
     with pytest.raises(LayerProfileError, match="model must be one of"):
-        profile_builtin("alexnet", 4, **FAST)
+        profile_builtin("vgg19", 4, **FAST)
+    with pytest.raises(LayerProfileError, match="'alexnet' needs square images of 1 or 3 channels and side >= 63"):
+        profile_builtin("alexnet", 4, **FAST)  # on digits' 8x8
 
     shared = nn.Linear(4, 4)
     with pytest.raises(LayerProfileError, match="more than once"):

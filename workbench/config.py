@@ -75,8 +75,8 @@ class RunConfig:
     algorithm: str = option("sync-easgd", "the training algorithm (`workbench algorithms`)",
                             check=one_of(lambda: ALGORITHMS), flag=None)
     ranks: int = option(4, "MPI ranks", check=integer_check(1), type=int)
-    model: str = option("mlp", "mlp, wide_mlp, cnn, lenet, or module:function", check=string_check)
-    dataset: str = option("digits", "digits, synthetic, fashion-mnist, idx:FOLDER (MNIST format) or a .npz path",
+    model: str = option("mlp", "mlp, wide_mlp, cnn, lenet, resnet18, alexnet, or module:function", check=string_check)
+    dataset: str = option("digits", "digits, synthetic, synthetic-imagenet, fashion-mnist, idx:FOLDER (MNIST format) or a .npz path",
                           check=string_check)
     epochs: int = option(10, "passes over each worker's shard", check=integer_check(1), type=int)
     lr: float | None = option(None, "learning rate (default: the algorithm's)",

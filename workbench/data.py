@@ -24,16 +24,17 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-BUILTIN_DATASETS = ("digits", "synthetic", "fashion-mnist")
+BUILTIN_DATASETS = ("digits", "synthetic", "synthetic-imagenet", "fashion-mnist")
 #: where Debian's dataset-fashion-mnist puts the four IDX files
 FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 #: the four files of an MNIST-format folder (each may end in .gz)
 IDX_FILES = {"X_train": "train-images-idx3-ubyte", "y_train": "train-labels-idx1-ubyte",
              "X_test": "t10k-images-idx3-ubyte", "y_test": "t10k-labels-idx1-ubyte"}
-_KNOWN = "digits, synthetic, fashion-mnist, idx:FOLDER (an MNIST-format folder) or a path to an .npz file"
+_KNOWN = "digits, synthetic, synthetic-imagenet, fashion-mnist, idx:FOLDER (an MNIST-format folder) or a path to an .npz file"
 #: Labels are class indices 0 .. MAX_CLASSES - 1: the model's output layer has max label + 1
 #: units, so one stray label of 1e9 would otherwise ask for gigabytes of weights.
 MAX_CLASSES = 100_000
@@ -50,52 +51,79 @@ class DataInfo:
     num_classes: int
 
 
+class Shard(NamedTuple):
+    """Which rows of the training set a rank keeps: the strided slice ``index`` of ``count``
+    (:func:`shard_indices`); ``index=None``: none of them (a master rank, which trains nothing)."""
+
+    index: int | None
+    count: int
+
+
 @dataclass
 class Dataset:
-    """Train and test tensors (features float32, labels int64)."""
+    """Train and test tensors (features float32, labels int64).
+
+    ``X_train``/``y_train`` hold the whole training set, or with ``shard`` only that worker's rows;
+    ``train_samples`` and ``num_classes`` are always the whole set's."""
 
     name: str
     X_train: torch.Tensor
     y_train: torch.Tensor
     X_test: torch.Tensor
     y_test: torch.Tensor
+    train_samples: int
+    num_classes: int
+    shard: Shard | None = None
 
     @property
     def num_features(self) -> int:
         return int(np.prod(self.X_train.shape[1:]))
 
     @property
-    def num_classes(self) -> int:
-        return int(max(self.y_train.max(), self.y_test.max()).item()) + 1
+    def nbytes(self) -> int:
+        """Bytes of the tensors this dataset holds (what one rank keeps in memory)."""
+        return sum(t.element_size() * t.numel() for t in (self.X_train, self.y_train, self.X_test, self.y_test))
 
 
-def _tensors(name, X_train, y_train, X_test, y_test) -> Dataset:
+def _tensors(name, X_train, y_train, X_test, y_test, *, shard: Shard | None = None, test: bool = True,
+             scale: float = 1.0) -> Dataset:
+    """A :class:`Dataset` of numpy arrays, keeping only ``shard``'s training rows and, unless
+    ``test``, no test rows; the rows kept are converted to float32 (times ``scale``) after the
+    cut, so a rank never holds the whole set as float32."""
     import torch
-    f = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.float32)  # noqa: E731
-    i = lambda a: torch.as_tensor(np.asarray(a), dtype=torch.int64)  # noqa: E731
-    return Dataset(name, f(X_train), i(y_train), f(X_test), i(y_test))
+    X_train, y_train, X_test, y_test = (np.asarray(a) for a in (X_train, y_train, X_test, y_test))
+    train_samples, num_classes = len(y_train), int(max(y_train.max(), y_test.max())) + 1
+    if shard is not None:
+        rows = shard_indices(train_samples, shard.index, shard.count) if shard.index is not None else []
+        X_train, y_train = X_train[rows], y_train[rows]
+    if not test:
+        X_test, y_test = X_test[:0], y_test[:0]
+    f = lambda a: torch.as_tensor(a.astype(np.float32) * np.float32(scale) if scale != 1.0 else a, dtype=torch.float32)  # noqa: E731
+    i = lambda a: torch.as_tensor(a, dtype=torch.int64)  # noqa: E731
+    return Dataset(name, f(X_train), i(y_train), f(X_test), i(y_test), train_samples, num_classes, shard)
 
 
-def digits() -> Dataset:
-    """scikit-learn's bundled digits, 1437 train / 360 test, features in [0, 1]."""
+def digits(**cut) -> Dataset:
+    """scikit-learn's bundled digits, 1437 train / 360 test, features in [0, 1] (``cut``: the
+    ``shard``/``test`` of :func:`load`)."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
     d = load_digits()
     X = d.data.astype(np.float32) / 16.0
     X_train, X_test, y_train, y_test = train_test_split(X, d.target, test_size=0.2,
                                                         random_state=0, stratify=d.target)
-    return _tensors("digits", X_train, y_train, X_test, y_test)
+    return _tensors("digits", X_train, y_train, X_test, y_test, **cut)
 
 
-def synthetic(samples: int = 4000, features: int = 64, classes: int = 10, seed: int = 0) -> Dataset:
+def synthetic(samples: int = 4000, features: int = 64, classes: int = 10, seed: int = 0, **cut) -> Dataset:
     """A separable-but-not-trivial classification set of any size (80/20 split)."""
     from sklearn.datasets import make_classification
     X, y = make_classification(n_samples=samples, n_features=features, n_informative=features // 2,
                                n_classes=classes, n_clusters_per_class=1, class_sep=2.0,
                                random_state=seed)
     X = (X - X.mean(0)) / (X.std(0) + 1e-8)
-    cut = int(samples * 0.8)
-    return _tensors("synthetic", X[:cut], y[:cut], X[cut:], y[cut:])
+    split = int(samples * 0.8)
+    return _tensors("synthetic", X[:split], y[:split], X[split:], y[split:], **cut)
 
 
 def save_arrays(path: str | os.PathLike, X_train, y_train, X_test, y_test) -> Path:
@@ -157,12 +185,12 @@ def check_arrays(X_train, y_train, X_test, y_test, where: str = "dataset") -> Da
                     num_classes)
 
 
-def from_npz(path: str | os.PathLike) -> Dataset:
+def from_npz(path: str | os.PathLike, **cut) -> Dataset:
     """Load user arrays saved by :func:`save_arrays` (or any npz with those four keys), checked
     by :func:`check_arrays`."""
     arrays = _read_npz(path)
     check_arrays(**arrays, where=f"dataset {os.fspath(path)!r}")
-    return _tensors(Path(path).stem, *(arrays[name] for name in _ARRAYS))
+    return _tensors(Path(path).stem, *(arrays[name] for name in _ARRAYS), **cut)
 
 
 def _idx_folder(name: str) -> Path | None:
@@ -215,12 +243,62 @@ def _describe_idx(name: str, folder: Path) -> DataInfo:
     return DataInfo(shapes["X_train"][0], shapes["X_test"][0], (int(np.prod(shapes["X_train"][1:])),), classes)
 
 
-def from_idx(name: str) -> Dataset:
-    """An IDX dataset (``fashion-mnist`` or ``idx:FOLDER``): pixels / 255, images flattened."""
+def from_idx(name: str, **cut) -> Dataset:
+    """An IDX dataset (``fashion-mnist`` or ``idx:FOLDER``): pixels / 255, images flattened; only the
+    rows ``cut`` keeps become float32 (a worker of 4 holds 47 MB of Fashion-MNIST, not 188 MB)."""
     folder = _idx_folder(name)
     arrays = {key: read_idx(_idx_path(name, folder, key)) for key in IDX_FILES}
-    X = {key: arrays[key].reshape(len(arrays[key]), -1).astype(np.float32) / 255.0 for key in ("X_train", "X_test")}
-    return _tensors(name, X["X_train"], arrays["y_train"].astype(np.int64), X["X_test"], arrays["y_test"].astype(np.int64))
+    X = {key: arrays[key].reshape(len(arrays[key]), -1) for key in ("X_train", "X_test")}
+    return _tensors(name, X["X_train"], arrays["y_train"].astype(np.int64), X["X_test"],
+                    arrays["y_test"].astype(np.int64), scale=1 / 255, **cut)
+
+
+class GeneratedImages:
+    """Images of random pixels made when indexed, never stored: global rows ``rows`` of a data set
+    whose row r is a pure function of (seed, r), float32 in [0, 1) of ``sample_shape``. Indexing
+    (a tensor, array or slice of positions 0..len-1) gives a float32 tensor. For throughput-only
+    runs on ImageNet-shaped inputs: one batch in memory at a time, whatever the data set's size."""
+
+    def __init__(self, sample_shape: tuple[int, ...], seed: int, rows: np.ndarray) -> None:
+        self.sample_shape, self.seed, self.rows = tuple(sample_shape), seed, np.asarray(rows, dtype=np.int64)
+        self.shape = (len(self.rows), *self.sample_shape)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        import torch
+        picked = self.rows[index] if isinstance(index, slice) else self.rows[np.asarray(index, dtype=np.int64)]
+        out = np.empty((len(picked), *self.sample_shape), np.float32)
+        for i, r in enumerate(picked):
+            out[i] = np.random.default_rng((self.seed, int(r))).random(self.sample_shape, dtype=np.float32)
+        return torch.from_numpy(out)
+
+    def element_size(self) -> int:
+        return 4
+
+    def numel(self) -> int:
+        return 0  # nothing held
+
+
+#: ``synthetic-imagenet``: ImageNet-shaped random images (3 x 224 x 224, 1000 classes), rows
+#: made on demand (:class:`GeneratedImages`); ``synthetic_samples`` training rows, this many test rows
+IMAGENET_SHAPE, IMAGENET_CLASSES, IMAGENET_TEST_ROWS = (3, 224, 224), 1000, 64
+
+
+def synthetic_imagenet(samples: int = 4000, seed: int = 0, shard: Shard | None = None, test: bool = True) -> Dataset:
+    """ImageNet-shaped noise with random labels, for throughput only (nothing to learn): samples
+    are flat rows of 150,528 features, as every data set here, that image models reshape."""
+    import torch
+    flat = (int(np.prod(IMAGENET_SHAPE)),)
+    labels = np.random.default_rng((seed, 1)).integers(0, IMAGENET_CLASSES, samples + IMAGENET_TEST_ROWS)
+    rows = np.arange(samples)
+    if shard is not None:
+        rows = shard_indices(samples, shard.index, shard.count) if shard.index is not None else rows[:0]
+    test_rows = np.arange(samples, samples + (IMAGENET_TEST_ROWS if test else 0))
+    return Dataset("synthetic-imagenet", GeneratedImages(flat, seed, rows), torch.as_tensor(labels[rows]),
+                   GeneratedImages(flat, seed, test_rows), torch.as_tensor(labels[test_rows]), samples,
+                   IMAGENET_CLASSES, shard)
 
 
 def describe(name: str, *, samples: int = 4000) -> DataInfo:
@@ -231,6 +309,8 @@ def describe(name: str, *, samples: int = 4000) -> DataInfo:
     if name == "synthetic":
         cut = int(samples * 0.8)
         return DataInfo(cut, samples - cut, (64,), 10)  # synthetic()'s defaults
+    if name == "synthetic-imagenet":
+        return DataInfo(samples, IMAGENET_TEST_ROWS, (int(np.prod(IMAGENET_SHAPE)),), IMAGENET_CLASSES)
     if (folder := _idx_folder(name)) is not None:
         return _describe_idx(name, folder)
     if name.endswith(".npz"):
@@ -240,16 +320,24 @@ def describe(name: str, *, samples: int = 4000) -> DataInfo:
     raise ValueError(f"dataset must be one of {_KNOWN}; got {name!r}")
 
 
-def load(name: str, *, samples: int = 4000, seed: int = 0) -> Dataset:
-    """A dataset by name (``digits``, ``synthetic``, ``fashion-mnist``, ``idx:FOLDER``) or ``.npz`` path."""
+def load(name: str, *, samples: int = 4000, seed: int = 0, shard: Shard | tuple | None = None,
+         test: bool = True) -> Dataset:
+    """A dataset by name (``digits``, ``synthetic``, ``synthetic-imagenet``, ``fashion-mnist``,
+    ``idx:FOLDER``) or ``.npz`` path.
+
+    ``shard=(index, count)`` keeps only that worker's training rows (``index=None``: none, for a
+    rank that trains nothing); ``test=False`` keeps no test rows (ranks that never evaluate)."""
+    cut = {"shard": Shard(*shard) if shard is not None else None, "test": test}
     if name == "digits":
-        return digits()
+        return digits(**cut)
     if name == "synthetic":
-        return synthetic(samples=samples, seed=seed)
+        return synthetic(samples=samples, seed=seed, **cut)
+    if name == "synthetic-imagenet":
+        return synthetic_imagenet(samples=samples, seed=seed, **cut)
     if _idx_folder(name) is not None:
-        return from_idx(name)
+        return from_idx(name, **cut)
     if name.endswith(".npz"):
-        return from_npz(name)
+        return from_npz(name, **cut)
     raise ValueError(f"dataset must be one of {_KNOWN}; got {name!r}")
 
 
@@ -259,12 +347,21 @@ def shard_indices(num_samples: int, shard: int, num_shards: int) -> np.ndarray:
 
 
 class Batches:
-    """Mini-batches of one shard: reshuffled every epoch, as a pure function of the epoch."""
+    """Mini-batches of one shard: reshuffled every epoch, as a pure function of the epoch.
+
+    ``data`` holds the whole training set or (``load(..., shard=...)``) only this shard's rows;
+    either way the batches are the same."""
 
     def __init__(self, data: Dataset, shard: int, num_shards: int, batch_size: int, seed: int) -> None:
         import torch
         self.X, self.y = data.X_train, data.y_train
-        self.indices = torch.from_numpy(shard_indices(len(self.y), shard, num_shards))
+        if data.shard is None:
+            self.indices = torch.from_numpy(shard_indices(len(self.y), shard, num_shards))
+        elif tuple(data.shard) == (shard, num_shards):
+            self.indices = torch.arange(len(self.y))
+        else:
+            raise ValueError(f"Batches of shard {shard} of {num_shards}: the data holds shard "
+                             f"{data.shard.index} of {data.shard.count}")
         self.batch_size = batch_size
         self.seed, self.shard = seed, shard
         self.steps_per_epoch = len(self.indices) // batch_size

@@ -2,7 +2,10 @@
 
 Models by name: ``mlp`` (small, for digits), ``wide_mlp`` (>= 1M parameters, so communication
 matters), ``cnn`` (small convolutional net for 8x8 images), ``lenet`` (LeNet-5's two convolutions
-and three dense layers, for square images of side >= 12: 61,706 parameters on 28x28 Fashion-MNIST). Any user model works through the
+and three dense layers, for square images of side >= 12: 61,706 parameters on 28x28 Fashion-MNIST),
+``resnet18`` (torchvision's, adapted to small images: 62 parameter tensors, 11,172,810 parameters on
+28x28x1 with 10 classes) and ``alexnet`` (torchvision's, GradientFlow's model: 61,100,840 parameters on
+3x224x224 with 1000 classes; ``dataset="synthetic-imagenet"`` for throughput runs). Any user model works through the
 same path: ``model="package.module:function"`` names a function ``(num_features, num_classes)
 -> torch.nn.Module`` that every rank imports. Importing it runs that module's code in the
 process that validates the configuration (notebook kernel, CLI) and on every rank;
@@ -21,23 +24,25 @@ import functools
 import importlib
 import math
 
-BUILTIN_MODELS = ("mlp", "wide_mlp", "cnn", "lenet")
-#: the smallest image side LeNet-5 takes (5x5 convolutions and two 2x2 poolings leave >= 1 pixel)
-LENET_MIN_SIDE = 12
+BUILTIN_MODELS = ("mlp", "wide_mlp", "cnn", "lenet", "resnet18", "alexnet")
+#: the smallest image side each image model takes: LeNet-5's 5x5 convolutions and two 2x2
+#: poolings leave >= 1 pixel from 12; AlexNet's 11x11/4 convolution and three 3x3/2 poolings from 63
+MIN_SIDE = {"cnn": 1, "lenet": 12, "resnet18": 1, "alexnet": 63}
+_TV_FRAGMENT = None
 
 
 @functools.cache
 def _image_class():
-    """``_Image``: reshape flat rows to 1 x side x side images (made on first use: torch is lazy)."""
+    """``_Image``: reshape flat rows to channels x side x side images (made on first use: torch is lazy)."""
     from torch import nn
 
     class _Image(nn.Module):
-        def __init__(self, side: int) -> None:
+        def __init__(self, side: int, channels: int = 1) -> None:
             super().__init__()
-            self.side = side
+            self.side, self.channels = side, channels
 
         def forward(self, x):
-            return x.view(x.shape[0], 1, self.side, self.side)
+            return x.view(x.shape[0], self.channels, self.side, self.side)
 
     return _Image
 
@@ -65,6 +70,8 @@ def build(name: str, num_features: int, num_classes: int) -> nn.Module:
                              nn.Conv2d(6, 16, 5), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
                              nn.Linear(16 * out * out, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU(),
                              nn.Linear(84, num_classes))
+    if name in ("resnet18", "alexnet"):
+        return _torchvision_model(name, num_features, num_classes)
     if ":" in name:
         module_name, _, attr = name.partition(":")
         factory = getattr(importlib.import_module(module_name), attr)
@@ -74,6 +81,57 @@ def build(name: str, num_features: int, num_classes: int) -> nn.Module:
         return model
     raise ValueError(f"model must be one of {', '.join(BUILTIN_MODELS)} or 'module:function'; "
                      f"got {name!r}")
+
+
+def image_shape(num_features: int) -> tuple[int, int] | None:
+    """(channels, side) of flat square images of ``num_features`` pixels: one channel when it is
+    a square (784: 28x28), three when a third of it is (150,528: 3x224x224); else None."""
+    for channels in (1, 3):
+        side = math.isqrt(num_features // channels)
+        if num_features % channels == 0 and side * side * channels == num_features and side > 0:
+            return channels, side
+    return None
+
+
+def _torchvision_model(name: str, num_features: int, num_classes: int) -> nn.Module:
+    """torchvision's ``resnet18`` or ``alexnet`` (``weights=None``: nothing is downloaded) on flat
+    square images. resnet18 is adapted to small images as for CIFAR: a 3x3 stride-1 first
+    convolution and no max-pooling (on 28x28 the 7x7/2 stem and pooling would leave 7x7 before the
+    first block); alexnet is torchvision's own (GradientFlow's model, for 224x224 inputs)."""
+    from torch import nn
+    channels, side = image_shape(num_features)
+    tv = import_torchvision()
+    if name == "alexnet":
+        model = tv.models.alexnet(weights=None, num_classes=num_classes)
+        if channels != 3:
+            model.features[0] = nn.Conv2d(channels, 64, kernel_size=11, stride=4, padding=2)
+    else:
+        model = tv.models.resnet18(weights=None, num_classes=num_classes)
+        model.conv1 = nn.Conv2d(channels, 64, kernel_size=3, stride=1, padding=1, bias=False)
+        model.maxpool = nn.Identity()
+    return nn.Sequential(_image_class()(side, channels), model)
+
+
+def import_torchvision():
+    """``torchvision``, also where its C++ ops library cannot load: the wheel on this machine's
+    index is built against CUDA torch and fails to load beside the CPU-only torch, after which
+    torchvision's own import dies registering fake kernels for ``torchvision::nms``/``qnms``.
+    Those two schemas are then declared here (no kernels: detection ops stay unusable; the model
+    definitions are pure Python). ImportError when torchvision is not installed."""
+    global _TV_FRAGMENT
+    import torch
+    try:
+        import torchvision
+    except ImportError:
+        raise ImportError("torchvision is not installed (pip install -c constraints.txt torchvision)") from None
+    except RuntimeError as exc:
+        if "torchvision::" not in str(exc) or _TV_FRAGMENT is not None:
+            raise
+        _TV_FRAGMENT = torch.library.Library("torchvision", "FRAGMENT")
+        for op in ("nms", "qnms"):
+            _TV_FRAGMENT.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+        import torchvision
+    return torchvision
 
 
 def one_line(exc: BaseException) -> str:
@@ -121,12 +179,7 @@ def check_model(name: str, feature_shape: tuple[int, ...], num_classes: int) -> 
         if len(feature_shape) != 1:
             raise ValueError(f"model {name!r} takes flat feature vectors; the data's samples have shape "
                              f"{feature_shape} (flatten X to (samples, {num_features}))")
-        side = math.isqrt(num_features)
-        if name == "cnn" and side * side != num_features:
-            raise ValueError(f"model 'cnn' needs square images; {num_features} features is not a square")
-        if name == "lenet" and (side * side != num_features or side < LENET_MIN_SIDE):
-            raise ValueError(f"model 'lenet' needs square images of side >= {LENET_MIN_SIDE} (28x28: fashion-mnist); "
-                             f"{num_features} features is not one")
+        _check_image_model(name, num_features)
         return
     import torch
     factory = _factory(name)
@@ -148,6 +201,20 @@ def check_model(name: str, feature_shape: tuple[int, ...], num_classes: int) -> 
         got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"model {name!r}: output must be (batch, {num_classes}) class scores for the "
                          f"data's {num_classes} classes; got {got} for a batch of 2")
+
+
+def _check_image_model(name: str, num_features: int) -> None:
+    """ValueError unless the image model ``name`` takes ``num_features`` flat pixels (by arithmetic)."""
+    if name not in MIN_SIDE:
+        return
+    shape = image_shape(num_features)
+    channels = (1, 3) if name in ("resnet18", "alexnet") else (1,)
+    if shape is None or shape[0] not in channels or shape[1] < MIN_SIDE[name]:
+        what = {"cnn": "square images", "lenet": f"square images of side >= {MIN_SIDE['lenet']} (28x28: fashion-mnist)",
+                "resnet18": "square images of 1 or 3 channels (28x28: fashion-mnist)",
+                "alexnet": f"square images of 1 or 3 channels and side >= {MIN_SIDE['alexnet']} (3x224x224: "
+                           "synthetic-imagenet)"}[name]
+        raise ValueError(f"model {name!r} needs {what}; {num_features} features is not one")
 
 
 class FlatParams:

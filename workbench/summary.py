@@ -57,6 +57,7 @@ class Summary(TypedDict, total=False):
     parameters: int                  # model parameters
     weights_checksum: str            # sha256 of the final weights: synchronous algorithms only
     evaluations: int                 # evaluation points during training (the final one not counted)
+    memory_per_rank: list[dict[str, int]]  # per rank: data_bytes (its shard and test rows), max_rss_bytes
 
 
 #: The keys every ``summary.json`` holds (docs/architecture.md, "Public contracts"); synchronous algorithms add
@@ -107,6 +108,7 @@ class RankReport(TypedDict):
     steps: int             # training steps taken (0 on a master)
     cancelled: bool
     traffic: dict[str, int]  # wire_bytes, dense_wire_bytes, messages, skipped_steps (Context.traffic)
+    memory: dict[str, int]   # data_bytes (the data set rows it holds), max_rss_bytes (peak resident memory)
     metrics: list[dict]
     events: list[dict]
 
@@ -116,14 +118,17 @@ TRAFFIC_KEYS = ("wire_bytes", "dense_wire_bytes", "messages", "skipped_steps")
 
 
 def rank_report(rank: int, wall: float, setup: float, steps: int, cancelled: bool, metrics: list[dict],
-                events: list[dict], traffic: dict[str, int] | None = None) -> RankReport:
+                events: list[dict], traffic: dict[str, int] | None = None,
+                memory: dict[str, int] | None = None) -> RankReport:
     """One rank's report. ``traffic``: the rank's counters, the one byte counter included
-    (:attr:`~workbench.runtime.rank.context.Context.traffic`)."""
+    (:attr:`~workbench.runtime.rank.context.Context.traffic`); ``memory``: its data bytes and peak
+    resident bytes."""
     time_in = {cat: busy_seconds(events, (cat,)) for cat in CATEGORIES}
     time_in["exposed_comm"] = exposed_comm_seconds(events)
     return {"rank": rank, "wall": wall, "setup": setup, "time_in": time_in,
             "comm_fraction": comm_fraction(events, wall), "steps": steps, "cancelled": cancelled,
             "traffic": {key: int((traffic or {}).get(key, 0)) for key in TRAFFIC_KEYS},
+            "memory": {key: int((memory or {}).get(key, 0)) for key in ("data_bytes", "max_rss_bytes")},
             "metrics": metrics, "events": events}
 
 
@@ -159,6 +164,7 @@ def build_summary(cfg: "RunConfig", reports: list[RankReport], final_eval: dict,
     summary.update(traffic_summary(reports, summary["steps_per_worker"]))
     if weights_checksum is not None:
         summary["weights_checksum"] = weights_checksum
+    summary["memory_per_rank"] = [{"rank": r["rank"], **r.get("memory", {})} for r in reports]
     summary["evaluations"] = sum(1 for r in reports for m in r["metrics"] if m["kind"] == "eval" and not m.get("final"))
     return summary
 

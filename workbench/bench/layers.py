@@ -286,6 +286,10 @@ def _builtin(name: str, dataset: str):
     if name not in models.BUILTIN_MODELS:
         raise LayerProfileError(f"model must be one of {', '.join(models.BUILTIN_MODELS)}; got {name!r}")
     info = data.describe(dataset)
+    try:
+        models.check_model(name, info.feature_shape, info.num_classes)
+    except ValueError as exc:
+        raise LayerProfileError(f"{exc} (dataset {dataset!r})") from None
     torch.manual_seed(0)
     return models.build(name, math.prod(info.feature_shape), info.num_classes), info
 

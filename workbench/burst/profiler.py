@@ -59,6 +59,7 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from ..checks import integer
+from .. import models
 from ..models import one_line
 from .graph import BurstError, ModelGraph, ProfileTable
 from .layergraph import build, check_shape, layer_graph, modes
@@ -76,7 +77,6 @@ TORCHVISION_MODELS = {
     "inception_v3": ("inception_v3", {"aux_logits": False, "init_weights": False}, (3, 299, 299)),
 }
 _TV_ALIASES = {"vgg": "vgg16", "wrn101_2": "wide_resnet101_2", "wrn": "wide_resnet101_2", "inception": "inception_v3"}
-_TV_FRAGMENT = None
 
 
 # -- checks ----------------------------------------------------------------------------------
@@ -281,24 +281,11 @@ def write_profile(graph: ModelGraph, table: ProfileTable, prof_path: str | Path,
 # -- torchvision -----------------------------------------------------------------------------
 
 def import_torchvision():
-    """``torchvision``, also where its C++ ops library cannot load: the wheel on this machine's
-    index is built against CUDA torch and fails to load beside the CPU-only torch, after which
-    torchvision's own import dies registering fake kernels for ``torchvision::nms``/``qnms``.
-    Those two schemas are then declared here (no kernels: detection ops stay unusable; the model
-    definitions are pure Python)."""
-    global _TV_FRAGMENT
+    """``torchvision`` (:func:`workbench.models.import_torchvision`); BurstError when it is not installed."""
     try:
-        import torchvision
-    except ImportError:
-        raise BurstError("torchvision is not installed (pip install -c constraints.txt torchvision)") from None
-    except RuntimeError as exc:
-        if "torchvision::" not in str(exc) or _TV_FRAGMENT is not None:
-            raise
-        _TV_FRAGMENT = torch.library.Library("torchvision", "FRAGMENT")
-        for op in ("nms", "qnms"):
-            _TV_FRAGMENT.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
-        import torchvision
-    return torchvision
+        return models.import_torchvision()
+    except ImportError as exc:
+        raise BurstError(str(exc)) from None
 
 
 def torchvision_model(name: str, device=None) -> tuple[nn.Module, tuple[int, ...]]:

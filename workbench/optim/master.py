@@ -198,7 +198,7 @@ class Master:
 
     def _expected_arrivals(self) -> int:
         cfg = self.ctx.cfg
-        steps = planned_steps(len(self.ctx.data.y_train), cfg.workers, cfg.batch_size, cfg.epochs)
+        steps = planned_steps(self.ctx.data.train_samples, cfg.workers, cfg.batch_size, cfg.epochs)
         return sum(-(-s // cfg.tau) for s in steps)  # exchanges per worker: ceil(steps / tau)
 
     def apply(self, payload: torch.Tensor, reply: torch.Tensor) -> None:

@@ -39,19 +39,22 @@ class Context:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.out_dir = out_dir
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
-        self.data = data_mod.load(cfg.dataset, samples=cfg.synthetic_samples, seed=cfg.seed)
+        master = cfg.spec.master_based
+        self.worker_index = (self.rank - 1 if self.rank > 0 else None) if master else self.rank
+        # each rank holds its own shard only, and the test set only where it evaluates (rank 0:
+        # the master, or the first worker of a synchronous run)
+        self.data = data_mod.load(cfg.dataset, samples=cfg.synthetic_samples, seed=cfg.seed,
+                                  shard=(self.worker_index, cfg.workers), test=self.rank == 0)
         self.model = models.build(cfg.model, self.data.num_features, self.data.num_classes)
         self.flat = models.FlatParams(self.model)
         self._eval_model = models.build(cfg.model, self.data.num_features, self.data.num_classes)
         self._eval_flat = models.FlatParams(self._eval_model)
-        master = cfg.spec.master_based
-        self.worker_index = (self.rank - 1 if self.rank > 0 else None) if master else self.rank
         self.batches, self.steps, self.steps_per_epoch = None, 0, 0  # none on a master
         if self.worker_index is not None:
             self.batches = data_mod.Batches(self.data, self.worker_index, cfg.workers,
                                             cfg.batch_size, cfg.seed)
             # lock-step algorithms: as many steps per epoch as the smallest shard gives, on every rank
-            planned = planned_steps(len(self.data.y_train), cfg.workers, cfg.batch_size, 1, cfg.spec.synchronous)
+            planned = planned_steps(self.data.train_samples, cfg.workers, cfg.batch_size, 1, cfg.spec.synchronous)
             self.steps_per_epoch = planned[self.worker_index]
             self.steps = self.steps_per_epoch * cfg.epochs
         self.steps_completed = self.steps  # less when the run was cancelled
@@ -141,14 +144,30 @@ class Context:
                          "wire_bytes": self.traffic["wire_bytes"]})  # so far: the live bytes per step
         return value
 
+    #: test rows per forward pass of an evaluation (bounds its memory: resnet18's first block
+    #: holds 200 KB of activations per 28x28 image)
+    EVAL_ROWS = 500
+
     @torch.no_grad()
     def evaluate(self, weights: torch.Tensor, **where) -> dict:
-        """Test accuracy and loss of ``weights`` (a flat vector); recorded as a metric."""
+        """Test accuracy and loss of ``weights`` (a flat vector); recorded as a metric.
+
+        Layers with running statistics (BatchNorm) take this rank's own: they are buffers, not
+        parameters, so no algorithm exchanges them."""
+        if len(self.data.y_test) == 0:  # a rank that was not meant to evaluate: read the test set now
+            self.data.X_test, self.data.y_test = _test_set(self.cfg)
         with self.span("evaluate", "compute"):
             self._eval_flat.data.copy_(weights)
-            out = self._eval_model(self.data.X_test)
-            loss = F.cross_entropy(out, self.data.y_test).item()
-            acc = (out.argmax(1) == self.data.y_test).float().mean().item()
+            for mine, theirs in zip(self._eval_model.buffers(), self.model.buffers()):
+                mine.copy_(theirs)
+            self._eval_model.eval()
+            loss_sum, right, y = 0.0, 0, self.data.y_test
+            for start in range(0, len(y), self.EVAL_ROWS):
+                out = self._eval_model(self.data.X_test[start:start + self.EVAL_ROWS])
+                part = y[start:start + self.EVAL_ROWS]
+                loss_sum += F.cross_entropy(out, part, reduction="sum").item()
+                right += int((out.argmax(1) == part).sum())
+            loss, acc = loss_sum / len(y), right / len(y)
         record = {"kind": "eval", "rank": self.rank, "t": self.now(), "test_accuracy": acc,
                   "test_loss": loss, **where}
         self.add_metric(record)
@@ -156,3 +175,9 @@ class Context:
 
     def is_eval_point(self, count: int, last: int) -> bool:
         return count % self.cfg.eval_every == 0 or count == last
+
+
+def _test_set(cfg: RunConfig) -> tuple:
+    """The test features and labels alone (no training rows)."""
+    test = data_mod.load(cfg.dataset, samples=cfg.synthetic_samples, seed=cfg.seed, shard=(None, cfg.workers))
+    return test.X_test, test.y_test

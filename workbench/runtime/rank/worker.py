@@ -10,6 +10,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import time
 from contextlib import nullcontext
 from pathlib import Path
@@ -54,8 +55,9 @@ def _finish(ctx: Context, final: torch.Tensor, wall: float, setup: float,
             run_dir: Path | None) -> Summary | None:
     cfg, comm = ctx.cfg, ctx.comm
     events = ctx.telemetry.events if ctx.telemetry else []
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     mine = rank_report(ctx.rank, wall, setup, ctx.steps_completed, ctx.cancelled, ctx.metrics, events,
-                       ctx.traffic)
+                       ctx.traffic, {"data_bytes": ctx.data.nbytes, "max_rss_bytes": peak})
     everyone = comm.gather(mine, root=0)
     if ctx.rank != 0:
         return None
