@@ -52,3 +52,29 @@ def test_the_report_embeds_plotlyjs_once_and_no_widget_state(tmp_path):
     assert "widgets" not in saved.metadata
     assert [o.data for o in saved.cells[0].outputs] == [{"text/plain": WIDGET_NOTE}] * 3
     assert [o.data["text/html"].count("plotly.js v") for o in saved.cells[1].outputs] == [1, 0]
+
+
+def test_the_demo_sets_the_notebooks_parameters():
+    from workbench.demo import set_parameters
+    notebook = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_code_cell("QUICK = True\nEPOCHS = 1 if QUICK else 5\nVCLUSTER = None  # a name\nLINK = 'memory'",
+                                  metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("VCLUSTER = None")])
+    set_parameters(notebook, QUICK=False, VCLUSTER="demo7", LINK="100mbit links")
+    assert notebook.cells[0].source.splitlines() == ["QUICK = False", "EPOCHS = 1 if QUICK else 5", "VCLUSTER = 'demo7'",
+                                                     "LINK = '100mbit links'"]
+    assert notebook.cells[1].source == "VCLUSTER = None"  # only the parameters cell
+
+
+def test_the_quickstart_takes_a_virtual_cluster_and_names_its_link():
+    """make demo runs notebook 01 on a virtual cluster through these two parameters."""
+    notebook = nbformat.read("notebooks/01_quickstart.ipynb", as_version=4)
+    parameters = next(c for c in notebook.cells if "parameters" in c.metadata.get("tags", []))
+    assert "VCLUSTER = None" in parameters.source and "DATASET = \"fashion-mnist\"" in parameters.source
+    assert any("wb.Cluster(n=RANKS, vcluster=VCLUSTER)" in c.source for c in notebook.cells)
+
+
+def test_a_virtual_cluster_that_cannot_be_made_is_one_line_and_no_cluster():
+    from workbench.demo import virtual_cluster
+    vc, why = virtual_cluster("fast")  # not a rate: refused before anything is made
+    assert vc is None and why.startswith("PlanError: ") and "bandwidth" in why and "\n" not in why

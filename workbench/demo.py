@@ -1,15 +1,19 @@
 """``make demo``: execute the quickstart notebook headless and leave a report.
 
-Runs ``notebooks/01_quickstart.ipynb`` with nbclient (its own kernel, from the repository root so
-runs land in ``data/runs``), writes the executed notebook and a standalone HTML report under
-``data/runs/demo-<time>/`` and prints the summary of every run it made from the results store.
+Brings up a virtual cluster of 4 nodes on a switch with shaped links (``--link``, default
+100 Mbit/s; :mod:`workbench.vcluster`) when it can (as root, or rootless where user namespaces are
+allowed), else says why in one line and trains on this host; runs ``notebooks/01_quickstart.ipynb``
+(Fashion-MNIST) with nbclient on it (its own kernel, from the repository root so runs land in
+``data/runs``), writes the executed notebook and a standalone HTML report under
+``data/runs/demo-<time>/``, prints the summary of every run it made from the results store, and
+takes the cluster down.
 
 Both files are made fit to keep (:func:`slim`): the live dashboard's widget state is dropped
 (each plotly ``FigureWidget`` carries the whole plotly bundle, about 5 MB, in it; the notebook's
 static figures show the same data) and plotly.js is embedded once. The report is then about
 plotly.js's size (5 MB) instead of 20 MB.
 
-    python -m workbench.demo [--notebook PATH] [--out DIR] [--full]
+    python -m workbench.demo [--notebook PATH] [--out DIR] [--full] [--link RATE | --no-vcluster]
 """
 from __future__ import annotations
 
@@ -80,6 +84,35 @@ def export(notebook, out: Path, stem: str) -> tuple[Path, Path]:
     return executed, report
 
 
+#: the demo's virtual cluster: 4 nodes (one rank each) on a switch
+DEMO_NODES = 4
+
+
+def virtual_cluster(link: str):
+    """``(cluster, None)``: a virtual cluster of :data:`DEMO_NODES` nodes on a switch at ``link``,
+    up; or ``(None, reason)`` in one line when one cannot be made here."""
+    import os
+
+    from .vcluster import PlanError, VirtualCluster, VirtualClusterError
+    try:  # a name of at most 8 characters: it goes into interface names
+        vc = VirtualCluster(f"dm{os.getpid() % 1_000_000}", nodes=DEMO_NODES, topology="switch", bandwidth=link)
+        vc.up()
+    except (PlanError, VirtualClusterError, OSError) as exc:  # up() removes what it made
+        return None, f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+    return vc, None
+
+
+def set_parameters(notebook, **values) -> None:
+    """Set ``NAME = value`` lines of the notebook's ``parameters`` cell (papermill's convention)."""
+    for cell in notebook.cells:
+        if "parameters" not in cell.get("metadata", {}).get("tags", []):
+            continue
+        lines = cell.source.splitlines()
+        for name, value in values.items():
+            lines = [f"{name} = {value!r}" if line.split("=")[0].strip() == name else line for line in lines]
+        cell.source = "\n".join(lines)
+
+
 def _megabytes(path: Path) -> str:
     return f"{path.stat().st_size / 1e6:.1f} MB"
 
@@ -96,18 +129,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notebook", default="notebooks/01_quickstart.ipynb")
     parser.add_argument("--out", help="output directory (default data/runs/demo-<time>)")
     parser.add_argument("--full", action="store_true", help="QUICK = False: the longer run")
+    parser.add_argument("--link", default="100mbit", help="link rate of the virtual cluster (default 100mbit)")
+    parser.add_argument("--no-vcluster", dest="vcluster", action="store_false",
+                        help="train on this host (shared memory), no virtual cluster")
     args = parser.parse_args(argv)
     out = Path(args.out or runs_root() / f"demo-{datetime.now():%Y%m%d-%H%M%S}")
     out.mkdir(parents=True, exist_ok=True)
     notebook = nbformat.read(args.notebook, as_version=4)
     if args.full:
-        for cell in notebook.cells:
-            if "parameters" in cell.get("metadata", {}).get("tags", []):
-                cell.source = cell.source.replace("QUICK = True", "QUICK = False")
+        set_parameters(notebook, QUICK=False)
     started = time.time()
+    vc, why = virtual_cluster(args.link) if args.vcluster else (None, "--no-vcluster")
+    if vc is not None:
+        link = f"a virtual cluster's {args.link} links ({DEMO_NODES} nodes on a switch, one rank each)"
+        set_parameters(notebook, VCLUSTER=vc.name, LINK=link)
+        print(f"virtual cluster {vc.name}: {DEMO_NODES} nodes on a switch at {args.link}", flush=True)
+    else:
+        print(f"no virtual cluster ({why}); training on this host", flush=True)
     print(f"executing {args.notebook} ...", flush=True)
-    NotebookClient(notebook, timeout=900, kernel_name="python3",
-                   resources={"metadata": {"path": str(Path.cwd())}}).execute()
+    try:
+        NotebookClient(notebook, timeout=900, kernel_name="python3",
+                       resources={"metadata": {"path": str(Path.cwd())}}).execute()
+    finally:
+        if vc is not None:
+            vc.down()
     executed, report = export(notebook, out, Path(args.notebook).stem)
     print(f"executed notebook: {executed} ({_megabytes(executed)})\n"
           f"HTML report:       {report} ({_megabytes(report)})")
