@@ -138,3 +138,37 @@ def test_lenet_takes_28x28_images_with_lenet5s_parameter_count():
     with pytest.raises(ConfigError, match=r"model 'lenet' needs square images of side >= 12 \(28x28: "
                                           r"fashion-mnist\); 64 features is not one"):
         RunConfig(model="lenet", dataset="digits")
+
+
+def test_a_subset_keeps_the_first_rows_of_each_split_and_the_whole_sets_classes(tiny):
+    folder, arrays = tiny
+    name = f"idx:{folder}"
+    assert data.describe(name, subset=10) == data.DataInfo(10, 10, (36,), 3)
+    assert data.describe(name, subset=1000) == data.describe(name)  # at most N: a split smaller than N stays whole
+    whole, cut = data.load(name), data.load(name, subset=10)
+    assert torch.equal(cut.X_train, whole.X_train[:10]) and torch.equal(cut.y_test, whole.y_test[:10])
+    assert (cut.train_samples, cut.num_classes) == (10, 3)
+    arrays["y_test"][:] = 0  # a subset that misses a class keeps the whole set's output layer
+    data.save_arrays(folder / "one.npz", arrays["X_train"].reshape(40, 36), np.zeros(40, int),
+                     arrays["X_test"].reshape(12, 36), np.arange(12) % 3)
+    assert data.load(str(folder / "one.npz"), subset=4).num_classes == 3
+    shard = data.load(name, subset=10, shard=(1, 3), test=False)  # the shard is cut from the subset
+    assert torch.equal(shard.X_train, whole.X_train[1:10:3]) and shard.train_samples == 10
+    images = data.load("synthetic-imagenet", samples=40, subset=8, shard=(0, 4))
+    assert (images.train_samples, len(images.y_train), len(images.y_test)) == (8, 2, 8)
+
+
+def test_the_subset_option_sizes_the_run(tmp_path):
+    """RunConfig(subset=N): checked, counted in the planned steps, and honoured by the ranks."""
+    from workbench.runtime.client.run import _expected_steps
+    from workbench.runtime.launch.batch import train
+    with pytest.raises(ConfigError, match=r"^subset must be an integer >= 1; got 0$"):
+        RunConfig(subset=0)
+    with pytest.raises(ConfigError, match=r"batch_size 32 is larger than a worker's shard \(25 samples: 100 training"):
+        RunConfig(algorithm="sync-sgd", dataset="digits", subset=100, batch_size=32)
+    cfg = RunConfig(algorithm="sync-sgd", ranks=2, dataset="digits", subset=200, epochs=1, batch_size=10,
+                    eval_every=1000, telemetry=False)
+    assert _expected_steps(cfg) == 20  # 100 rows per rank, 10 steps each
+    summary = train(cfg, tmp_path / "run", timeout=300)
+    assert summary["steps_per_worker"] == 10 and summary["config"]["subset"] == 200
+    assert summary["memory_per_rank"][1]["data_bytes"] == 100 * (64 * 4 + 8)  # 100 rows of the 200, no test rows

@@ -141,6 +141,10 @@ class RunConfig:
     checkpoint_every: int = option(0, "checkpoint every N steps (0: never)", check=integer_check(0), type=int)
     telemetry: bool = option(True, "record spans for the timeline (--no-telemetry: counters only)", check=boolean_check)
     synthetic_samples: int = option(4000, "samples of the synthetic dataset", check=integer_check(20), flag=None)
+    subset: int | None = option(None, "keep only the first N rows of each split of the data set (default: all; a "
+                                      "quick or throughput-only run on a real data set)",
+                                check=lambda name, value: value is None or integer_check(1)(name, value),
+                                type=int, metavar="N")
     fail_rank: int | None = option(None, "debug: make this rank raise at --fail-step", type=int)
     fail_step: int | None = option(None, "debug: the step at which --fail-rank raises", type=int)
     extra: dict = option({}, "free-form labels recorded with the run", check=dict_check, flag=None)
@@ -226,6 +230,12 @@ class RunConfig:
             raise ConfigError(str(exc)) from None
 
     @property
+    def data_sizes(self) -> dict[str, int | None]:
+        """The keywords of :func:`workbench.data.load` and :func:`~workbench.data.describe` that size
+        the data set: ``samples`` (synthetic sets) and ``subset``."""
+        return {"samples": self.synthetic_samples, "subset": self.subset}
+
+    @property
     def comm_timeout(self) -> float:
         """Seconds a rank waits for one all-reduce of a bucket (:data:`COMM_TIMEOUT`)."""
         return COMM_TIMEOUT
@@ -245,7 +255,7 @@ class RunConfig:
         built-in models and datasets (a ``module:function`` model is built once to check it)."""
         from . import data, models
         try:
-            info = data.describe(self.dataset, samples=self.synthetic_samples)
+            info = data.describe(self.dataset, **self.data_sizes)
         except ValueError as exc:
             raise ConfigError(str(exc) if str(exc).startswith("dataset") else f"dataset: {exc}") from None
         try:

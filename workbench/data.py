@@ -21,6 +21,7 @@ batches an uninterrupted one would.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,13 +87,17 @@ class Dataset:
 
 
 def _tensors(name, X_train, y_train, X_test, y_test, *, shard: Shard | None = None, test: bool = True,
-             scale: float = 1.0) -> Dataset:
-    """A :class:`Dataset` of numpy arrays, keeping only ``shard``'s training rows and, unless
-    ``test``, no test rows; the rows kept are converted to float32 (times ``scale``) after the
-    cut, so a rank never holds the whole set as float32."""
+             subset: int | None = None, scale: float = 1.0) -> Dataset:
+    """A :class:`Dataset` of numpy arrays, keeping only the first ``subset`` rows of each split (all:
+    None), of those only ``shard``'s training rows and, unless ``test``, no test rows; the rows kept
+    are converted to float32 (times ``scale``) after the cut, so a rank never holds the whole set
+    as float32. The class count is the whole set's (a subset keeps the model's output layer)."""
     import torch
     X_train, y_train, X_test, y_test = (np.asarray(a) for a in (X_train, y_train, X_test, y_test))
-    train_samples, num_classes = len(y_train), int(max(y_train.max(), y_test.max())) + 1
+    num_classes = int(max(y_train.max(), y_test.max())) + 1
+    if subset is not None:
+        X_train, y_train, X_test, y_test = X_train[:subset], y_train[:subset], X_test[:subset], y_test[:subset]
+    train_samples = len(y_train)
     if shard is not None:
         rows = shard_indices(train_samples, shard.index, shard.count) if shard.index is not None else []
         X_train, y_train = X_train[rows], y_train[rows]
@@ -286,24 +291,39 @@ class GeneratedImages:
 IMAGENET_SHAPE, IMAGENET_CLASSES, IMAGENET_TEST_ROWS = (3, 224, 224), 1000, 64
 
 
-def synthetic_imagenet(samples: int = 4000, seed: int = 0, shard: Shard | None = None, test: bool = True) -> Dataset:
+def synthetic_imagenet(samples: int = 4000, seed: int = 0, shard: Shard | None = None, test: bool = True,
+                       subset: int | None = None) -> Dataset:
     """ImageNet-shaped noise with random labels, for throughput only (nothing to learn): samples
-    are flat rows of 150,528 features, as every data set here, that image models reshape."""
+    are flat rows of 150,528 features, as every data set here, that image models reshape
+    (``subset``: at most that many rows of each split)."""
     import torch
     flat = (int(np.prod(IMAGENET_SHAPE)),)
     labels = np.random.default_rng((seed, 1)).integers(0, IMAGENET_CLASSES, samples + IMAGENET_TEST_ROWS)
-    rows = np.arange(samples)
+    train, tests = _capped(samples, subset), _capped(IMAGENET_TEST_ROWS, subset)
+    rows = np.arange(train)
     if shard is not None:
-        rows = shard_indices(samples, shard.index, shard.count) if shard.index is not None else rows[:0]
-    test_rows = np.arange(samples, samples + (IMAGENET_TEST_ROWS if test else 0))
+        rows = shard_indices(train, shard.index, shard.count) if shard.index is not None else rows[:0]
+    test_rows = np.arange(samples, samples + (tests if test else 0))
     return Dataset("synthetic-imagenet", GeneratedImages(flat, seed, rows), torch.as_tensor(labels[rows]),
-                   GeneratedImages(flat, seed, test_rows), torch.as_tensor(labels[test_rows]), samples,
+                   GeneratedImages(flat, seed, test_rows), torch.as_tensor(labels[test_rows]), train,
                    IMAGENET_CLASSES, shard)
 
 
-def describe(name: str, *, samples: int = 4000) -> DataInfo:
+def _capped(rows: int, subset: int | None) -> int:
+    """Rows of a split that ``subset`` keeps (its first ``subset``; None: all)."""
+    return rows if subset is None else min(rows, subset)
+
+
+def describe(name: str, *, samples: int = 4000, subset: int | None = None) -> DataInfo:
     """Sizes, sample shape and class count of a dataset by name or ``.npz`` path, with numpy
-    only; ValueError for an unknown name or arrays :func:`check_arrays` refuses."""
+    only (``subset``: as :func:`load` keeps it); ValueError for an unknown name or arrays
+    :func:`check_arrays` refuses."""
+    whole = _describe_whole(name, samples)
+    return dataclasses.replace(whole, train_samples=_capped(whole.train_samples, subset),
+                               test_samples=_capped(whole.test_samples, subset))
+
+
+def _describe_whole(name: str, samples: int) -> DataInfo:
     if name == "digits":
         return DataInfo(1437, 360, (64,), 10)  # digits() split, known without loading it
     if name == "synthetic":
@@ -321,13 +341,15 @@ def describe(name: str, *, samples: int = 4000) -> DataInfo:
 
 
 def load(name: str, *, samples: int = 4000, seed: int = 0, shard: Shard | tuple | None = None,
-         test: bool = True) -> Dataset:
+         test: bool = True, subset: int | None = None) -> Dataset:
     """A dataset by name (``digits``, ``synthetic``, ``synthetic-imagenet``, ``fashion-mnist``,
     ``idx:FOLDER``) or ``.npz`` path.
 
-    ``shard=(index, count)`` keeps only that worker's training rows (``index=None``: none, for a
-    rank that trains nothing); ``test=False`` keeps no test rows (ranks that never evaluate)."""
-    cut = {"shard": Shard(*shard) if shard is not None else None, "test": test}
+    ``subset=N`` keeps only the first N rows of each split (``RunConfig.subset``: a quick or
+    throughput-only run on a real data set); ``shard=(index, count)`` then keeps only that worker's
+    training rows (``index=None``: none, for a rank that trains nothing); ``test=False`` keeps no
+    test rows (ranks that never evaluate)."""
+    cut = {"shard": Shard(*shard) if shard is not None else None, "test": test, "subset": subset}
     if name == "digits":
         return digits(**cut)
     if name == "synthetic":

@@ -55,7 +55,7 @@ def _expected_steps(cfg: RunConfig) -> int:
     """The run's steps, for the progress bar: from the data set's size, without loading it."""
     from ... import data as data_mod
     from ...summary import planned_steps
-    train_samples = data_mod.describe(cfg.dataset, samples=cfg.synthetic_samples).train_samples
+    train_samples = data_mod.describe(cfg.dataset, **cfg.data_sizes).train_samples
     return sum(planned_steps(train_samples, cfg.workers, cfg.batch_size, cfg.epochs, cfg.spec.synchronous))
 
 

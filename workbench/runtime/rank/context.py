@@ -43,7 +43,7 @@ class Context:
         self.worker_index = (self.rank - 1 if self.rank > 0 else None) if master else self.rank
         # each rank holds its own shard only, and the test set only where it evaluates (rank 0:
         # the master, or the first worker of a synchronous run)
-        self.data = data_mod.load(cfg.dataset, samples=cfg.synthetic_samples, seed=cfg.seed,
+        self.data = data_mod.load(cfg.dataset, **cfg.data_sizes, seed=cfg.seed,
                                   shard=(self.worker_index, cfg.workers), test=self.rank == 0)
         self.model = models.build(cfg.model, self.data.num_features, self.data.num_classes)
         self.flat = models.FlatParams(self.model)
@@ -179,5 +179,5 @@ class Context:
 
 def _test_set(cfg: RunConfig) -> tuple:
     """The test features and labels alone (no training rows)."""
-    test = data_mod.load(cfg.dataset, samples=cfg.synthetic_samples, seed=cfg.seed, shard=(None, cfg.workers))
+    test = data_mod.load(cfg.dataset, **cfg.data_sizes, seed=cfg.seed, shard=(None, cfg.workers))
     return test.X_test, test.y_test
