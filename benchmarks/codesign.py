@@ -1,15 +1,54 @@
-"""Co-design: original EASGD vs Sync EASGD on the >= 1M-parameter MLP (the paper's 87% -> 14%
-communication share, 5.3x), with the ablations single buffer vs per-layer messages and tree vs
-sequential reduction. Prints a table and writes it as JSON (default
-benchmarks/results/codesign_<ranks>ranks.json).
+"""Co-design: original EASGD vs Sync EASGD (the SC'17 paper's 87% -> 14% communication share, 5.3x),
+with the ablations single buffer vs per-layer messages, tree vs sequential reduction and overlap on/off.
+Prints a table and writes it as JSON.
 
-    python benchmarks/codesign.py [--ranks 4] [--epochs 2] [--json FILE]
+    python benchmarks/codesign.py [--ranks 4] [--epochs 2] [--json FILE]          # one host, shared memory
+    python benchmarks/codesign.py --nodes 4 --bandwidth 20mbit[,10mbit,50mbit]     # on a virtual cluster
+    python benchmarks/codesign.py --vcluster NAME --nodes 4                         # on a running one, at its rate
+
+**One host** (default, ``codesign_<ranks>ranks.json``): ``--ranks`` ranks through shared memory, wide_mlp
+on digits, batch 32; "communication" is memory copies competing with compute for the same cores.
+
+**Virtual cluster** (``--nodes N``, ``codesign_vcluster.json``): brings up a virtual cluster (named
+``scd<pid>``, 4 digits) of N+1 nodes on one switch, every port shaped to the first ``--bandwidth``
+rate, and takes it down at the end (``--vcluster NAME``: a running cluster of at least N+1 nodes
+instead, at its own rate, left up). Placement, one rank per node: the synchronous variants run N
+ranks on nodes 0..N-1; the master-based original EASGD runs N+1 ranks (``cfg.workers`` = ranks - 1 =
+N), the master on node 0 and the N workers on nodes 1..N, so that in both every worker has a node
+and a link of its own, and the master a link of its own as a parameter server has (on N nodes the
+master would share node 0's link with one worker, whose exchanges would then cross shared memory).
+Every variant runs at the first rate; the headline pair (the first and the last variant) again at
+each further rate, on a cluster of its own: a sweep of the regime. Runs evaluate once, at the end;
+the time per epoch and the communication shares are taken over the training window, from the
+trace, without that evaluation (10,000 LeNet forward passes: 3-10 s on this machine, a third of a
+Sync EASGD epoch).
+
+Settings chosen for the virtual cluster (defaults of ``--nodes``), from what was measured here:
+LeNet (61,706 parameters, W = 246,824 bytes per exchange; the paper's MNIST model) on Fashion-MNIST
+(``/usr/share/datasets/fashion-mnist``), batch 128 (117 steps per worker per epoch). A step's
+forward and backward took 29 ms on one idle core and 98-128 ms on the nodes (4-5 ranks and other
+jobs on 2 cores, load average 8-9). At 20 Mbit/s one copy of the model takes W/B = 99 ms on a link,
+about one compute step: the original EASGD's master serves 4 workers one after another, 4 W/B =
+0.4 s a round, 3-4 compute steps during which a worker waits; Sync EASGD's all-reduce moves
+2(p-1)/p W = 1.5 W per port, 150 ms, overlapped with a 100-130 ms gradient. 10 and 50 Mbit/s
+bracket that regime (W/B = 2 and 0.4 compute steps).
+
+What the two algorithms can reach at all on a full-duplex switch, with x = (W/B) / c (c a compute
+step): a round-robin worker waits for the other N-1 exchanges, share 1 - 1/(N x) when N x > 1 + 2x;
+Sync EASGD hides its all-reduce behind the gradient, share 1 - 1/(1.5 x) when 1.5 x > 1, else 0.
+At N = 4 the original's share >= 80% needs x >= 1.25, where Sync EASGD's is >= 47%; Sync EASGD's
+<= 20% needs x <= 0.83, where the original's is <= 70%; and the speed-up, 4 x / max(1, 1.5 x), is
+at most 4 / 1.5 = 2.67x. The paper's 5.3x needs more than the master's link: a master that serves
+half-duplex (8 W/B a round), and the device copies and per-layer latencies of its KNL platform.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import statistics
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from tabulate import tabulate
@@ -20,7 +59,7 @@ from workbench.runtime.launch.batch import train
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
-VARIANTS = [  # (label, RunConfig changes)
+VARIANTS = [  # (label, RunConfig changes); the first and the last are the headline pair
     ("original EASGD (round-robin master), per-layer messages", dict(algorithm="easgd", fusion_bytes=0)),
     ("original EASGD (round-robin master), single buffer", dict(algorithm="easgd")),
     ("Sync EASGD, sequential reduction (linear), per-layer", dict(algorithm="sync-easgd", collective="linear", fusion_bytes=0)),
@@ -30,38 +69,191 @@ VARIANTS = [  # (label, RunConfig changes)
     ("Sync EASGD, ring, single buffer, no overlap", dict(algorithm="sync-easgd", collective="ring", overlap=False)),
     ("Sync EASGD, native MPI_Allreduce, single buffer", dict(algorithm="sync-easgd", collective="native")),
 ]
+HEADLINE = [VARIANTS[0], VARIANTS[-1]]
+#: evaluate only at the end on the virtual cluster (the last step is always an evaluation point)
+EVAL_ONLY_AT_END = 10**9
 
 
-def main() -> None:
+class BenchmarkArgumentError(ValueError):
+    """A cluster setting this benchmark cannot use; the one-line message names the option."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, checked (:func:`check_cluster_args`), with the defaults of the mode filled in.
+    Raises :class:`BenchmarkArgumentError` (one line)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ranks", type=int, default=4)
-    parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--model", default="wide_mlp")
-    parser.add_argument("--json", help="where the JSON goes (default benchmarks/results/codesign_<ranks>ranks.json)")
-    args = parser.parse_args()
-    args.json = args.json or RESULTS / f"codesign_{args.ranks}ranks.json"
-    rows, records, load = [], [], Load()
-    with tempfile.TemporaryDirectory() as tmp:
-        for i, (label, changes) in enumerate(VARIANTS):
-            cfg = RunConfig(ranks=args.ranks, model=args.model, epochs=args.epochs, batch_size=32, **changes)
-            s = train(cfg, Path(tmp) / str(i))
-            per_epoch = s["wall_seconds"] / args.epochs
-            records.append({"variant": label, "config": changes, "seconds_per_epoch": per_epoch,
-                            "comm_fraction": s["comm_fraction"], "comm_fraction_workers": s["comm_fraction_workers"],
-                            "final_test_accuracy": s["final_test_accuracy"], "bytes_sent": s["bytes_sent"]})
-            rows.append([label, f"{per_epoch:.2f}", f"{100 * s['comm_fraction_workers']:.0f}%",
-                         f"{100 * s['comm_fraction']:.0f}%", f"{s['final_test_accuracy']:.3f}",
-                         f"{s['bytes_sent'] / 1e6:.0f}"])
-            print(f"done: {label}", flush=True)
+    parser.add_argument("--ranks", type=int, default=4, help="one host: MPI ranks")
+    parser.add_argument("--nodes", type=int, help="virtual cluster: training nodes, one worker each (the master "
+                                                  "of the original EASGD gets one more)")
+    parser.add_argument("--bandwidth", help="virtual cluster: link rate(s) in tc's units, comma-separated: all "
+                                            "variants at the first, the headline pair at the others")
+    parser.add_argument("--vcluster", help="a running virtual cluster of at least --nodes + 1 nodes on a switch, "
+                                           "at its own rate (instead of --bandwidth)")
+    parser.add_argument("--epochs", type=int, help="epochs (default 2 on one host, 1 on a virtual cluster)")
+    parser.add_argument("--model", help="default wide_mlp on one host, lenet on a virtual cluster")
+    parser.add_argument("--dataset", help="default digits on one host, fashion-mnist on a virtual cluster")
+    parser.add_argument("--batch", type=int, help="samples per worker step (default 32 on one host, 128 on a "
+                                                  "virtual cluster)")
+    parser.add_argument("--json", help="where the JSON goes (default benchmarks/results/codesign_<ranks>ranks.json, "
+                                       "or codesign_vcluster.json)")
+    args = parser.parse_args(argv)
+    check_cluster_args(args)
+    on_cluster = args.nodes is not None
+    args.epochs = args.epochs or (1 if on_cluster else 2)
+    args.model = args.model or ("lenet" if on_cluster else "wide_mlp")
+    args.dataset = args.dataset or ("fashion-mnist" if on_cluster else "digits")
+    args.batch = args.batch or (128 if on_cluster else 32)
+    args.json = args.json or RESULTS / ("codesign_vcluster.json" if on_cluster else f"codesign_{args.ranks}ranks.json")
+    return args
+
+
+def check_cluster_args(args: argparse.Namespace) -> None:
+    """The virtual-cluster options, checked: ``--nodes`` 2..252, every ``--bandwidth`` a tc rate,
+    ``--vcluster`` a cluster's name and not with ``--bandwidth``, both only with ``--nodes``. Sets
+    ``args.rates`` (bits/s, in order; ``[None]`` with ``--vcluster``: the running cluster's own rate)."""
+    from workbench.vcluster.plan import PlanError, check_name, parse_rate
+    args.rates = []
+    if args.nodes is None:
+        for name in ("bandwidth", "vcluster"):
+            if getattr(args, name) is not None:
+                raise BenchmarkArgumentError(f"--{name}: needs --nodes N (the training nodes on the virtual cluster)")
+        return
+    if not 2 <= args.nodes <= 252:
+        raise BenchmarkArgumentError(f"--nodes: must be 2..252 training nodes (one more for the master); got {args.nodes}")
+    if args.vcluster is not None:
+        if args.bandwidth is not None:
+            raise BenchmarkArgumentError("--bandwidth: not with --vcluster (a running cluster's links keep the rate "
+                                         "they were made with)")
+        try:
+            check_name(args.vcluster)
+        except PlanError as exc:
+            raise BenchmarkArgumentError(f"--vcluster: {str(exc).split(': ', 1)[1]}") from None
+        args.rates = [None]
+        return
+    if not args.bandwidth:
+        raise BenchmarkArgumentError("--bandwidth: needs a link rate with --nodes, like 20mbit or 20mbit,10mbit,50mbit")
+    try:
+        args.rates = [parse_rate(rate) for rate in args.bandwidth.split(",")]
+    except PlanError as exc:
+        raise BenchmarkArgumentError(f"--{exc}") from None
+
+
+def training_window(events: list[dict]) -> dict:
+    """Seconds of training and each training rank's communication share, without evaluations.
+
+    ``events``: the run's trace events (``trace.json``). The window of a rank runs from the
+    common start to the end of its last span that is not an ``evaluate``; its share is
+    :func:`workbench.telemetry.comm_fraction` over that window with the evaluations left out. Returns
+    ``{"seconds": the longest window, "comm_fraction": {rank: share}, "compute_step_seconds": the
+    median forward_backward span}`` (ranks without a forward_backward span, a master, have no share).
+    """
+    from workbench.telemetry import comm_fraction
+    spans = [e for e in events if e.get("ph") == "X" and e.get("name") != "evaluate"]
+    by_rank: dict[int, list[dict]] = {}
+    for e in spans:
+        by_rank.setdefault(e["pid"], []).append(e)
+    ends = {rank: max(e["ts"] + e["dur"] for e in evs) / 1e6 for rank, evs in by_rank.items()}
+    steps = [e["dur"] / 1e6 for e in spans if e["name"] == "forward_backward"]
+    trains = sorted(rank for rank, evs in by_rank.items() if any(e["name"] == "forward_backward" for e in evs))
+    return {"seconds": max(ends.values(), default=0.0),
+            "comm_fraction": {rank: comm_fraction(by_rank[rank], ends[rank]) for rank in trains},
+            "compute_step_seconds": statistics.median(steps) if steps else None}
+
+
+def measure(label: str, changes: dict, args, run_dir: Path, vc=None) -> dict:
+    """Run one variant (on ``vc`` when given, placed as in the module docstring) and return its record."""
+    master_based = changes["algorithm"] == "easgd"
+    ranks = (args.nodes + master_based) if vc is not None else args.ranks
+    extra = {"eval_every": EVAL_ONLY_AT_END} if vc is not None else {}
+    cfg = RunConfig(ranks=ranks, model=args.model, dataset=args.dataset, epochs=args.epochs,
+                    batch_size=args.batch, **extra, **changes)
+    link_before = vc.bytes_sent() if vc is not None else 0
+    s = train(cfg, run_dir, vcluster=vc, ppn=1) if vc is not None else train(cfg, run_dir)
+    window = training_window(json.loads((run_dir / "trace.json").read_text())["traceEvents"])
+    shares = list(window["comm_fraction"].values())
+    record = {"variant": label, "config": changes, "ranks": ranks,
+              "seconds_per_epoch": window["seconds"] / args.epochs, "training_seconds": window["seconds"],
+              "comm_fraction_workers": statistics.mean(shares) if shares else s["comm_fraction_workers"],
+              "comm_fraction_by_rank": window["comm_fraction"],
+              "compute_step_seconds": window["compute_step_seconds"],
+              "summary_wall_seconds": s["wall_seconds"], "summary_comm_fraction": s["comm_fraction"],
+              "summary_comm_fraction_workers": s["comm_fraction_workers"],
+              "final_test_accuracy": s["final_test_accuracy"], "bytes_sent": s["bytes_sent"],
+              "wire_bytes": s["wire_bytes"], "parameters": s["parameters"]}
+    if vc is not None:
+        record.update(bandwidth_bits=vc.plan.bandwidth, link_bytes=vc.bytes_sent() - link_before,
+                      exchange_seconds=4 * s["parameters"] * 8 / vc.plan.bandwidth)  # W/B: one model on a link
+    print(f"done: {label} ({record['seconds_per_epoch']:.2f} s/epoch, "
+          f"{100 * record['comm_fraction_workers']:.0f}% communication)", flush=True)
+    return record
+
+
+def table(records: list[dict], title: str) -> str:
     base = records[0]["seconds_per_epoch"]
-    for row, rec in zip(rows, records):
-        row.insert(2, f"{base / rec['seconds_per_epoch']:.2f}x")
-    print(f"\nco-design, {args.model} ({args.ranks} ranks, {args.epochs} epochs, batch 32, digits)")
-    print(tabulate(rows, headers=["variant", "s/epoch", "speed-up vs first", "comm share (workers)",
-                                  "comm share (all ranks)", "test acc", "MB sent"]))
-    Path(args.json).write_text(json.dumps({"ranks": args.ranks, "model": args.model, "epochs": args.epochs,
-                                           "machine": describe(), "load_average": load.done(), "variants": records},
-                                          indent=1))
+    rows = [[r["variant"], f"{r['seconds_per_epoch']:.2f}", f"{base / r['seconds_per_epoch']:.2f}x",
+             f"{100 * r['comm_fraction_workers']:.0f}%", f"{r['final_test_accuracy']:.3f}",
+             f"{r['bytes_sent'] / 1e6:.0f}"] for r in records]
+    return f"\n{title}\n" + tabulate(rows, headers=["variant", "s/epoch", "speed-up vs first",
+                                                     "comm share (workers)", "test acc", "MB sent"])
+
+
+@contextmanager
+def virtual_cluster(args, rate: int | None):
+    """The cluster the variants run on: ``--vcluster`` attached (left up), or one of ``args.nodes`` + 1
+    nodes on a switch at ``rate`` bits/s brought up for this run and always taken down."""
+    from workbench.vcluster import VirtualCluster
+    if args.vcluster is not None:
+        vc = VirtualCluster.attach(args.vcluster)
+        if vc.nodes < args.nodes + 1:
+            raise BenchmarkArgumentError(f"--vcluster: {args.vcluster} has {vc.nodes} nodes; {args.nodes} training "
+                                         f"nodes and the master need {args.nodes + 1}")
+        yield vc
+        return
+    vc = VirtualCluster(f"scd{os.getpid() % 10000}", nodes=args.nodes + 1, bandwidth=rate)
+    vc.up()
+    try:
+        yield vc
+    finally:
+        vc.down()
+
+
+def run_on_cluster(args) -> dict:
+    """Every variant at the first rate, the headline pair at each further rate, each rate on a
+    cluster of its own (a link's rate is set when the cluster comes up)."""
+    from workbench.vcluster.plan import format_rate
+    records, clusters = [], []
+    for i, rate in enumerate(args.rates):
+        with virtual_cluster(args, rate) as vc, tempfile.TemporaryDirectory(dir=vc.shared) as tmp:
+            clusters.append({"name": vc.name, "nodes": vc.nodes, "topology": vc.plan.topology,
+                             "bandwidth": format_rate(vc.plan.bandwidth), "bandwidth_bits": vc.plan.bandwidth})
+            rows = [measure(label, changes, args, Path(tmp) / str(j), vc)
+                    for j, (label, changes) in enumerate(VARIANTS if i == 0 else HEADLINE)]
+        records += rows
+        print(table(rows, f"co-design on {args.nodes} nodes at {clusters[-1]['bandwidth']} per port, {args.model}, "
+                          f"{args.dataset}, batch {args.batch}, {args.epochs} epoch(s)"))
+    return {"mode": "vcluster", "nodes": args.nodes, "clusters": clusters,
+            "placement": "one rank per node; Sync EASGD on nodes 0..N-1; original EASGD's master on node 0 "
+                         "and its N workers on nodes 1..N", "variants": records}
+
+
+def run_on_host(args) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        records = [measure(label, changes, args, Path(tmp) / str(i)) for i, (label, changes) in enumerate(VARIANTS)]
+    print(table(records, f"co-design, {args.model} ({args.ranks} ranks, {args.epochs} epochs, batch {args.batch}, "
+                         f"{args.dataset})"))
+    return {"mode": "host", "ranks": args.ranks, "variants": records}
+
+
+def main(argv: list[str] | None = None) -> None:
+    load = Load()
+    try:
+        args = parse_args(argv)
+        result = run_on_cluster(args) if args.nodes is not None else run_on_host(args)
+    except BenchmarkArgumentError as exc:
+        raise SystemExit(f"codesign.py: {exc}") from None
+    result.update({"model": args.model, "dataset": args.dataset, "epochs": args.epochs, "batch_size": args.batch,
+                   "machine": describe(), "load_average": load.done()})
+    Path(args.json).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.json}")
 
 
