@@ -12,16 +12,16 @@ on digits, batch 32; "communication" is memory copies competing with compute for
 **Virtual cluster** (``--nodes N``, ``codesign_vcluster.json``): brings up a virtual cluster (named
 ``scd<pid>``, 4 digits) of N+1 nodes on one switch, every port shaped to the first ``--bandwidth``
 rate, and takes it down at the end (``--vcluster NAME``: a running cluster of at least N+1 nodes
-instead, at its own rate, left up). Placement, one rank per node: the synchronous variants run N
-ranks on nodes 0..N-1; the master-based original EASGD runs N+1 ranks (``cfg.workers`` = ranks - 1 =
-N), the master on node 0 and the N workers on nodes 1..N, so that in both every worker has a node
-and a link of its own, and the master a link of its own as a parameter server has (on N nodes the
-master would share node 0's link with one worker, whose exchanges would then cross shared memory).
-Every variant runs at the first rate; the headline pair (the first and the last variant) again at
-each further rate, on a cluster of its own: a sweep of the regime. Runs evaluate once, at the end;
-the time per epoch and the communication shares are taken over the training window, from the
-trace, without that evaluation (10,000 LeNet forward passes: 3-10 s on this machine, a third of a
-Sync EASGD epoch).
+instead, at its own rate, left up). Placement (``workbench/bench/cluster_runs.py``), one rank per
+node: Sync EASGD runs N ranks on nodes 0..N-1; the master-based original EASGD N+1 ranks
+(``cfg.workers`` = ranks - 1 = N), the master on node 0 and the N workers on nodes 1..N, so that in
+both every worker has a node and a link of its own, and the master a link of its own as a parameter
+server has. Every variant runs at the first rate; the headline pair (the first and the last
+variant) again at each further rate, on a cluster of its own: a sweep of the regime. Runs evaluate
+once, at the end; the time per epoch and the communication shares are taken over the training
+window, from the trace, without that evaluation (10,000 LeNet forward passes: 3-10 s on this
+machine, a third of a Sync EASGD epoch). The table's "W/B over a step" is the regime each run met:
+one copy of the model on a link (W/B, from the rate) over the median forward and backward (c).
 
 Settings chosen for the virtual cluster (defaults of ``--nodes``), from what was measured here:
 LeNet (61,706 parameters, W = 246,824 bytes per exchange; the paper's MNIST model) on Fashion-MNIST
@@ -45,14 +45,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import tempfile
-from contextlib import contextmanager
 from pathlib import Path
 
 from tabulate import tabulate
 
+from workbench.bench.cluster_runs import (ClusterArgumentError, add_cluster_arguments, check_cluster_args,
+                                         cluster_record, training_ranks, training_window, virtual_cluster)
 from workbench.bench.machine import Load, describe
 from workbench.config import RunConfig
 from workbench.runtime.launch.batch import train
@@ -74,21 +74,12 @@ HEADLINE = [VARIANTS[0], VARIANTS[-1]]
 EVAL_ONLY_AT_END = 10**9
 
 
-class BenchmarkArgumentError(ValueError):
-    """A cluster setting this benchmark cannot use; the one-line message names the option."""
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The arguments, checked (:func:`check_cluster_args`), with the defaults of the mode filled in.
-    Raises :class:`BenchmarkArgumentError` (one line)."""
+    """The arguments, checked (:func:`~workbench.bench.cluster_runs.check_cluster_args`), with the
+    defaults of the mode filled in. Raises :class:`~workbench.bench.cluster_runs.ClusterArgumentError`."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=int, default=4, help="one host: MPI ranks")
-    parser.add_argument("--nodes", type=int, help="virtual cluster: training nodes, one worker each (the master "
-                                                  "of the original EASGD gets one more)")
-    parser.add_argument("--bandwidth", help="virtual cluster: link rate(s) in tc's units, comma-separated: all "
-                                            "variants at the first, the headline pair at the others")
-    parser.add_argument("--vcluster", help="a running virtual cluster of at least --nodes + 1 nodes on a switch, "
-                                           "at its own rate (instead of --bandwidth)")
+    add_cluster_arguments(parser, several_rates=True)  # all variants at the first rate, the headline pair at the others
     parser.add_argument("--epochs", type=int, help="epochs (default 2 on one host, 1 on a virtual cluster)")
     parser.add_argument("--model", help="default wide_mlp on one host, lenet on a virtual cluster")
     parser.add_argument("--dataset", help="default digits on one host, fashion-mnist on a virtual cluster")
@@ -97,7 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", help="where the JSON goes (default benchmarks/results/codesign_<ranks>ranks.json, "
                                        "or codesign_vcluster.json)")
     args = parser.parse_args(argv)
-    check_cluster_args(args)
+    check_cluster_args(args, several_rates=True)
     on_cluster = args.nodes is not None
     args.epochs = args.epochs or (1 if on_cluster else 2)
     args.model = args.model or ("lenet" if on_cluster else "wide_mlp")
@@ -107,63 +98,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def check_cluster_args(args: argparse.Namespace) -> None:
-    """The virtual-cluster options, checked: ``--nodes`` 2..252, every ``--bandwidth`` a tc rate,
-    ``--vcluster`` a cluster's name and not with ``--bandwidth``, both only with ``--nodes``. Sets
-    ``args.rates`` (bits/s, in order; ``[None]`` with ``--vcluster``: the running cluster's own rate)."""
-    from workbench.vcluster.plan import PlanError, check_name, parse_rate
-    args.rates = []
-    if args.nodes is None:
-        for name in ("bandwidth", "vcluster"):
-            if getattr(args, name) is not None:
-                raise BenchmarkArgumentError(f"--{name}: needs --nodes N (the training nodes on the virtual cluster)")
-        return
-    if not 2 <= args.nodes <= 252:
-        raise BenchmarkArgumentError(f"--nodes: must be 2..252 training nodes (one more for the master); got {args.nodes}")
-    if args.vcluster is not None:
-        if args.bandwidth is not None:
-            raise BenchmarkArgumentError("--bandwidth: not with --vcluster (a running cluster's links keep the rate "
-                                         "they were made with)")
-        try:
-            check_name(args.vcluster)
-        except PlanError as exc:
-            raise BenchmarkArgumentError(f"--vcluster: {str(exc).split(': ', 1)[1]}") from None
-        args.rates = [None]
-        return
-    if not args.bandwidth:
-        raise BenchmarkArgumentError("--bandwidth: needs a link rate with --nodes, like 20mbit or 20mbit,10mbit,50mbit")
-    try:
-        args.rates = [parse_rate(rate) for rate in args.bandwidth.split(",")]
-    except PlanError as exc:
-        raise BenchmarkArgumentError(f"--{exc}") from None
-
-
-def training_window(events: list[dict]) -> dict:
-    """Seconds of training and each training rank's communication share, without evaluations.
-
-    ``events``: the run's trace events (``trace.json``). The window of a rank runs from the
-    common start to the end of its last span that is not an ``evaluate``; its share is
-    :func:`workbench.telemetry.comm_fraction` over that window with the evaluations left out. Returns
-    ``{"seconds": the longest window, "comm_fraction": {rank: share}, "compute_step_seconds": the
-    median forward_backward span}`` (ranks without a forward_backward span, a master, have no share).
-    """
-    from workbench.telemetry import comm_fraction
-    spans = [e for e in events if e.get("ph") == "X" and e.get("name") != "evaluate"]
-    by_rank: dict[int, list[dict]] = {}
-    for e in spans:
-        by_rank.setdefault(e["pid"], []).append(e)
-    ends = {rank: max(e["ts"] + e["dur"] for e in evs) / 1e6 for rank, evs in by_rank.items()}
-    steps = [e["dur"] / 1e6 for e in spans if e["name"] == "forward_backward"]
-    trains = sorted(rank for rank, evs in by_rank.items() if any(e["name"] == "forward_backward" for e in evs))
-    return {"seconds": max(ends.values(), default=0.0),
-            "comm_fraction": {rank: comm_fraction(by_rank[rank], ends[rank]) for rank in trains},
-            "compute_step_seconds": statistics.median(steps) if steps else None}
-
-
 def measure(label: str, changes: dict, args, run_dir: Path, vc=None) -> dict:
     """Run one variant (on ``vc`` when given, placed as in the module docstring) and return its record."""
-    master_based = changes["algorithm"] == "easgd"
-    ranks = (args.nodes + master_based) if vc is not None else args.ranks
+    ranks = training_ranks(changes["algorithm"], args.nodes) if vc is not None else args.ranks
     extra = {"eval_every": EVAL_ONLY_AT_END} if vc is not None else {}
     cfg = RunConfig(ranks=ranks, model=args.model, dataset=args.dataset, epochs=args.epochs,
                     batch_size=args.batch, **extra, **changes)
@@ -191,41 +128,27 @@ def measure(label: str, changes: dict, args, run_dir: Path, vc=None) -> dict:
 def table(records: list[dict], title: str) -> str:
     base = records[0]["seconds_per_epoch"]
     rows = [[r["variant"], f"{r['seconds_per_epoch']:.2f}", f"{base / r['seconds_per_epoch']:.2f}x",
-             f"{100 * r['comm_fraction_workers']:.0f}%", f"{r['final_test_accuracy']:.3f}",
+             f"{100 * r['comm_fraction_workers']:.0f}%", _steps_per_exchange(r), f"{r['final_test_accuracy']:.3f}",
              f"{r['bytes_sent'] / 1e6:.0f}"] for r in records]
-    return f"\n{title}\n" + tabulate(rows, headers=["variant", "s/epoch", "speed-up vs first",
-                                                     "comm share (workers)", "test acc", "MB sent"])
+    return f"\n{title}\n" + tabulate(rows, headers=["variant", "s/epoch", "speed-up vs first", "comm share (workers)",
+                                                     "W/B over a step", "test acc", "MB sent"])
 
 
-@contextmanager
-def virtual_cluster(args, rate: int | None):
-    """The cluster the variants run on: ``--vcluster`` attached (left up), or one of ``args.nodes`` + 1
-    nodes on a switch at ``rate`` bits/s brought up for this run and always taken down."""
-    from workbench.vcluster import VirtualCluster
-    if args.vcluster is not None:
-        vc = VirtualCluster.attach(args.vcluster)
-        if vc.nodes < args.nodes + 1:
-            raise BenchmarkArgumentError(f"--vcluster: {args.vcluster} has {vc.nodes} nodes; {args.nodes} training "
-                                         f"nodes and the master need {args.nodes + 1}")
-        yield vc
-        return
-    vc = VirtualCluster(f"scd{os.getpid() % 10000}", nodes=args.nodes + 1, bandwidth=rate)
-    vc.up()
-    try:
-        yield vc
-    finally:
-        vc.down()
+def _steps_per_exchange(record: dict) -> str:
+    """x = (W/B) / c: one copy of the model on a link, in compute steps (the regime; "-" on one host)."""
+    if record.get("exchange_seconds") is None or not record["compute_step_seconds"]:
+        return "-"
+    return f"{record['exchange_seconds'] / record['compute_step_seconds']:.2f}"
 
 
 def run_on_cluster(args) -> dict:
     """Every variant at the first rate, the headline pair at each further rate, each rate on a
     cluster of its own (a link's rate is set when the cluster comes up)."""
-    from workbench.vcluster.plan import format_rate
     records, clusters = [], []
     for i, rate in enumerate(args.rates):
-        with virtual_cluster(args, rate) as vc, tempfile.TemporaryDirectory(dir=vc.shared) as tmp:
-            clusters.append({"name": vc.name, "nodes": vc.nodes, "topology": vc.plan.topology,
-                             "bandwidth": format_rate(vc.plan.bandwidth), "bandwidth_bits": vc.plan.bandwidth})
+        with virtual_cluster(args.nodes, rate, args.vcluster, prefix="scd") as vc, \
+                tempfile.TemporaryDirectory(dir=vc.shared) as tmp:
+            clusters.append(cluster_record(vc))
             rows = [measure(label, changes, args, Path(tmp) / str(j), vc)
                     for j, (label, changes) in enumerate(VARIANTS if i == 0 else HEADLINE)]
         records += rows
@@ -249,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args = parse_args(argv)
         result = run_on_cluster(args) if args.nodes is not None else run_on_host(args)
-    except BenchmarkArgumentError as exc:
+    except ClusterArgumentError as exc:
         raise SystemExit(f"codesign.py: {exc}") from None
     result.update({"model": args.model, "dataset": args.dataset, "epochs": args.epochs, "batch_size": args.batch,
                    "machine": describe(), "load_average": load.done()})
