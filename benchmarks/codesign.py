@@ -25,20 +25,22 @@ one copy of the model on a link (W/B, from the rate) over the median forward and
 
 Settings chosen for the virtual cluster (defaults of ``--nodes``), from what was measured here:
 LeNet (61,706 parameters, W = 246,824 bytes per exchange; the paper's MNIST model) on Fashion-MNIST
-(``/usr/share/datasets/fashion-mnist``), batch 128 (117 steps per worker per epoch). A step's
-forward and backward took 29 ms on one idle core and 98-128 ms on the nodes (4-5 ranks and other
-jobs on 2 cores, load average 8-9). At 20 Mbit/s one copy of the model takes W/B = 99 ms on a link,
-about one compute step: the original EASGD's master serves 4 workers one after another, 4 W/B =
-0.4 s a round, 3-4 compute steps during which a worker waits; Sync EASGD's all-reduce moves
-2(p-1)/p W = 1.5 W per port, 150 ms, overlapped with a 100-130 ms gradient. 10 and 50 Mbit/s
-bracket that regime (W/B = 2 and 0.4 compute steps).
+(``/usr/share/datasets/fashion-mnist``), batch 128 (117 steps per worker per epoch): large enough that
+a step is compute, not Python overhead, and an epoch still a few minutes. A step's forward and
+backward (c) took 29 ms on one idle core, 98-128 ms on the nodes at load average 8-9 and 0.21-0.33 s at
+19-27 (4-5 ranks and other sessions' jobs on 2 cores). The regime is x = (W/B) / c, one copy of the
+model on a link in compute steps; the paper's is "an exchange costs several steps" at the master.
+At load ~20, 5, 10 and 20 Mbit/s give W/B = 395, 197 and 99 ms, x = 1.8, 0.8 and 0.3: the master's
+link saturated (4 W/B a round against c + 2 W/B), at the edge, and the workers' compute in charge
+(``python benchmarks/codesign.py --nodes 4 --bandwidth 5mbit,10mbit,20mbit``). On an idler machine
+the same x needs 4-10 times the rate; the table's "W/B over a step" says which regime a run met.
 
 What the two algorithms can reach at all on a full-duplex switch, with x = (W/B) / c (c a compute
 step): a round-robin worker waits for the other N-1 exchanges, share 1 - 1/(N x) when N x > 1 + 2x;
 Sync EASGD hides its all-reduce behind the gradient, share 1 - 1/(1.5 x) when 1.5 x > 1, else 0.
 At N = 4 the original's share >= 80% needs x >= 1.25, where Sync EASGD's is >= 47%; Sync EASGD's
 <= 20% needs x <= 0.83, where the original's is <= 70%; and the speed-up, 4 x / max(1, 1.5 x), is
-at most 4 / 1.5 = 2.67x. The paper's 5.3x needs more than the master's link: a master that serves
+at most 4 / 1.5 = 2.67x. The paper's 5.3x would need more than the master's link (an inference): a master serving
 half-duplex (8 W/B a round), and the device copies and per-layer latencies of its KNL platform.
 """
 from __future__ import annotations
