@@ -40,8 +40,9 @@ step): a round-robin worker waits for the other N-1 exchanges, share 1 - 1/(N x)
 Sync EASGD hides its all-reduce behind the gradient, share 1 - 1/(1.5 x) when 1.5 x > 1, else 0.
 At N = 4 the original's share >= 80% needs x >= 1.25, where Sync EASGD's is >= 47%; Sync EASGD's
 <= 20% needs x <= 0.83, where the original's is <= 70%; and the speed-up, 4 x / max(1, 1.5 x), is
-at most 4 / 1.5 = 2.67x. The paper's 5.3x would need more than the master's link (an inference): a master serving
-half-duplex (8 W/B a round), and the device copies and per-layer latencies of its KNL platform.
+at most 4 / 1.5 = 2.67x. The paper's 5.3x would need more than the master's link (an inference):
+a master serving half-duplex (8 W/B a round), and the device copies and per-layer latencies of its
+KNL platform.
 """
 from __future__ import annotations
 
