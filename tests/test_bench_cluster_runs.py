@@ -10,7 +10,7 @@ import pytest
 from workbench.bench import cluster_runs
 from workbench.telemetry import comm_fraction
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "codesign.py"
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def _parse(argv, several_rates=True):
@@ -53,10 +53,15 @@ def test_cluster_arguments_accepted():
     assert _parse([]).rates == []
 
 
+def _script(name):
+    spec = importlib.util.spec_from_file_location(f"{name}_benchmark", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_codesign_defaults_per_mode():
-    spec = importlib.util.spec_from_file_location("codesign_benchmark", SCRIPT)
-    codesign = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(codesign)
+    codesign = _script("codesign")
     on_cluster = codesign.parse_args(["--nodes", "4", "--bandwidth", "20mbit,10mbit"])
     assert (on_cluster.model, on_cluster.dataset, on_cluster.batch, on_cluster.epochs) == ("lenet", "fashion-mnist", 128, 1)
     assert Path(on_cluster.json).name == "codesign_vcluster.json"
@@ -64,6 +69,15 @@ def test_codesign_defaults_per_mode():
     assert (host.rates, host.model, host.dataset, host.batch) == ([], "wide_mlp", "digits", 32)
     with pytest.raises(cluster_runs.ClusterArgumentError, match="^--nodes"):
         codesign.parse_args(["--nodes", "1", "--bandwidth", "20mbit"])
+
+
+def test_ordering_takes_one_rate():
+    ordering = _script("ordering")
+    args = ordering.parse_args(["--nodes", "4", "--bandwidth", "100mbit", "--dataset", "fashion-mnist"])
+    assert args.rates == [100_000_000] and Path(args.json).name == "ordering_vcluster.json"
+    assert Path(ordering.parse_args([]).json).name == "ordering_4ranks.json"
+    with pytest.raises(cluster_runs.ClusterArgumentError, match="^--bandwidth: one rate"):
+        ordering.parse_args(["--nodes", "4", "--bandwidth", "100mbit,10mbit"])
 
 
 def test_a_master_gets_a_node_of_its_own():
