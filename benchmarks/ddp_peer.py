@@ -2,7 +2,10 @@
 data shards, batches and ranks, in one mpiexec job. Prints median step times and their ratio and
 writes them as JSON (default benchmarks/results/ddp_peer_<ranks>ranks.json).
 
-    python benchmarks/ddp_peer.py [--ranks 4] [--model wide_mlp] [--steps 40] [--json FILE]
+    python benchmarks/ddp_peer.py [--ranks 4] [--model wide_mlp] [--steps 40] [--vcluster NAME] [--json FILE]
+
+``--vcluster NAME``: the ranks run on the nodes of a virtual cluster that is up (``workbench vcluster up
+NAME``), one per node (``--ppn``); gloo meets at rank 0's node address on ``eth0`` (:func:`rendezvous`).
 """
 from __future__ import annotations
 
@@ -14,6 +17,30 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def rendezvous(comm) -> str:
+    """torch.distributed's ``init_method``, the same on every rank: rank 0's address that the other
+    ranks reach and a port free there. On a virtual cluster's node (``WORKBENCH_VCLUSTER`` set by
+    its ``mpi_env``) that is the node's own address (its ``/etc/hosts`` names it; gloo's interface is
+    ``eth0``, ``GLOO_SOCKET_IFNAME``); on one host ``127.0.0.1``."""
+    import os
+    import socket
+
+    from workbench.runtime.launch.ports import free_port
+    where = None
+    if comm.Get_rank() == 0:
+        host = socket.gethostbyname(socket.gethostname()) if os.environ.get("WORKBENCH_VCLUSTER") else "127.0.0.1"
+        where = f"tcp://{host}:{free_port(host)}"
+    return comm.bcast(where)
+
+
+def placement(name: str | None, ranks: int, job_dir: Path, ppn: int = 1) -> dict:
+    """``run_mpi`` keywords that put the ranks on the nodes of the virtual cluster ``name`` (none: here)."""
+    if name is None:
+        return {}
+    from workbench.vcluster import VirtualCluster
+    return VirtualCluster.attach(name).run_options(ranks, ppn, job_dir=job_dir)
 
 
 def worker(args) -> None:
@@ -48,10 +75,7 @@ def worker(args) -> None:
 
     t_ours = timed(ours.step, args.steps)
 
-    from workbench.runtime.launch.ports import free_port
-    port = comm.bcast(free_port() if comm.Get_rank() == 0 else None)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=comm.Get_rank(),
-                            world_size=comm.Get_size())
+    dist.init_process_group("gloo", init_method=rendezvous(comm), rank=comm.Get_rank(), world_size=comm.Get_size())
     torch.manual_seed(cfg.seed)
     from workbench import models
     model = models.build(cfg.model, ctx.data.num_features, ctx.data.num_classes)
@@ -77,6 +101,7 @@ def worker(args) -> None:
         out.write_text(json.dumps({"model": args.model, "parameters": params, "ranks": comm.Get_size(),
                                    "collective": args.collective, "steps": args.steps, "ours_s": t_ours,
                                    "ddp_s": t_ddp, "ratio": t_ours / t_ddp, "machine": describe(),
+                                   "vcluster": args.vcluster, "link_rate": _link_rate(args.vcluster),
                                    "load_average": load.done()}, indent=1))
         print(f"wrote {out}")
 
@@ -87,6 +112,8 @@ def main() -> None:
     parser.add_argument("--model", default="wide_mlp")
     parser.add_argument("--collective", default="auto")
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--vcluster", help="run the ranks on this virtual cluster's nodes (one that is up)")
+    parser.add_argument("--ppn", type=int, default=1, help="with --vcluster: ranks per node")
     parser.add_argument("--json", help="where the JSON goes (default benchmarks/results/ddp_peer_<ranks>ranks.json)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -95,7 +122,20 @@ def main() -> None:
         return
     from workbench.runtime.launch.mpiexec import run_mpi
     forwarded = [a for a in sys.argv[1:] if a != "--worker"]
-    run_mpi(args.ranks, [str(Path(__file__).resolve()), "--worker", *forwarded], stream=True, timeout=900)
+    if args.vcluster:  # the job's folder must be one the nodes see: the cluster's shared folder
+        from workbench.vcluster import VirtualCluster
+        job_dir = VirtualCluster.attach(args.vcluster).shared / "jobs"
+    run_mpi(args.ranks, [str(Path(__file__).resolve()), "--worker", *forwarded], stream=True, timeout=900,
+            **placement(args.vcluster, args.ranks, job_dir if args.vcluster else None, args.ppn))
+
+
+def _link_rate(name: str | None) -> str | None:
+    """The link rate of the virtual cluster ``name`` (tc's units), or None on one host."""
+    if name is None:
+        return None
+    from workbench.vcluster import VirtualCluster
+    from workbench.vcluster.plan import format_rate
+    return format_rate(VirtualCluster.attach(name).plan.bandwidth)
 
 
 if __name__ == "__main__":
