@@ -5,7 +5,8 @@ writes them as JSON (default benchmarks/results/ddp_peer_<ranks>ranks.json).
     python benchmarks/ddp_peer.py [--ranks 4] [--model wide_mlp] [--steps 40] [--vcluster NAME] [--json FILE]
 
 ``--vcluster NAME``: the ranks run on the nodes of a virtual cluster that is up (``workbench vcluster up
-NAME``), one per node (``--ppn``); gloo meets at rank 0's node address on ``eth0`` (:func:`rendezvous`).
+NAME``), one per node (``--ppn``); gloo meets at rank 0's node address on ``eth0``
+(:func:`workbench.runtime.launch.ports.torch_init_method`).
 """
 from __future__ import annotations
 
@@ -17,22 +18,6 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
-
-
-def rendezvous(comm) -> str:
-    """torch.distributed's ``init_method``, the same on every rank: rank 0's address that the other
-    ranks reach and a port free there. On a virtual cluster's node (``WORKBENCH_VCLUSTER`` set by
-    its ``mpi_env``) that is the node's own address (its ``/etc/hosts`` names it; gloo's interface is
-    ``eth0``, ``GLOO_SOCKET_IFNAME``); on one host ``127.0.0.1``."""
-    import os
-    import socket
-
-    from workbench.runtime.launch.ports import free_port
-    where = None
-    if comm.Get_rank() == 0:
-        host = socket.gethostbyname(socket.gethostname()) if os.environ.get("WORKBENCH_VCLUSTER") else "127.0.0.1"
-        where = f"tcp://{host}:{free_port(host)}"
-    return comm.bcast(where)
 
 
 def placement(name: str | None, ranks: int, job_dir: Path, ppn: int = 1) -> dict:
@@ -75,7 +60,9 @@ def worker(args) -> None:
 
     t_ours = timed(ours.step, args.steps)
 
-    dist.init_process_group("gloo", init_method=rendezvous(comm), rank=comm.Get_rank(), world_size=comm.Get_size())
+    from workbench.runtime.launch.ports import torch_init_method
+    dist.init_process_group("gloo", init_method=torch_init_method(comm), rank=comm.Get_rank(),
+                            world_size=comm.Get_size())
     torch.manual_seed(cfg.seed)
     from workbench import models
     model = models.build(cfg.model, ctx.data.num_features, ctx.data.num_classes)

@@ -58,7 +58,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from ddp_peer import RESULTS, rendezvous  # benchmarks/ is sys.path[0] here and under mpiexec (python -m mpi4py)
+from ddp_peer import RESULTS  # benchmarks/ is sys.path[0] here and under mpiexec (python -m mpi4py)
 
 from workbench.bench.machine import Load, describe
 
@@ -133,6 +133,7 @@ def ddp_worker(run_dir: Path) -> None:
     from workbench.optim import rules
     from workbench.optim.sync import SyncAlgorithm
     from workbench.runtime.rank.context import Context
+    from workbench.runtime.launch.ports import torch_init_method
     from workbench.runtime.rank.worker import _finish
 
     def bf16_on_gloo(state, bucket):
@@ -189,7 +190,7 @@ def ddp_worker(run_dir: Path) -> None:
     peer = json.loads((run_dir / "peer.json").read_text())
     start = time.perf_counter()
     ctx = Context(cfg, comm, run_dir)
-    dist.init_process_group("gloo", init_method=rendezvous(comm), rank=ctx.rank, world_size=ctx.size)
+    dist.init_process_group("gloo", init_method=torch_init_method(comm), rank=ctx.rank, world_size=ctx.size)
     algorithm = DDPSGD(ctx, peer["hook"], peer["rank"], peer["start_iter"])
     comm.Barrier()
     ctx.t0 = time.perf_counter()  # the common start, after DDP's set-up (as workbench's is after its own)
