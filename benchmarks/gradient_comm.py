@@ -94,12 +94,6 @@ DDP_RETRIES = 1
 
 
 # -- DDP: the rank side ------------------------------------------------------------------------
-def shared_port(comm) -> int:
-    """A free TCP port on 127.0.0.1 chosen by rank 0, the same on every rank (as ddp_peer.py)."""
-    from workbench.runtime.launch.ports import free_port
-    return comm.bcast(free_port() if comm.Get_rank() == 0 else None)
-
-
 def ddp_traffic(shapes: list[tuple[int, ...]], ranks: int, hook: str | None, rank: int | None) -> dict:
     """Bytes per step per rank of DDP's all-reduces, from the ring formula (module docstring):
     ``dense`` (plain, and PowerSGD before its start), ``steady`` (with the hook, after it)."""
@@ -139,6 +133,7 @@ def ddp_worker(run_dir: Path) -> None:
     from workbench.optim import rules
     from workbench.optim.sync import SyncAlgorithm
     from workbench.runtime.rank.context import Context
+    from workbench.runtime.launch.ports import torch_init_method
     from workbench.runtime.rank.worker import _finish
 
     def bf16_on_gloo(state, bucket):
@@ -195,8 +190,7 @@ def ddp_worker(run_dir: Path) -> None:
     peer = json.loads((run_dir / "peer.json").read_text())
     start = time.perf_counter()
     ctx = Context(cfg, comm, run_dir)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{shared_port(comm)}", rank=ctx.rank,
-                            world_size=ctx.size)
+    dist.init_process_group("gloo", init_method=torch_init_method(comm), rank=ctx.rank, world_size=ctx.size)
     algorithm = DDPSGD(ctx, peer["hook"], peer["rank"], peer["start_iter"])
     comm.Barrier()
     ctx.t0 = time.perf_counter()  # the common start, after DDP's set-up (as workbench's is after its own)
@@ -226,32 +220,42 @@ def run_workbench(args, key: str, changes: dict, seed: int, run_dir: Path) -> di
                   options=cfg.communication_options.to_dict())
 
 
-def run_ddp(args, key: str, hook: str | None, rank: int | None, seed: int, run_dir: Path) -> dict:
-    from workbench.config import RunConfig
+def launch_ddp(cfg, run_dir: Path, hook: str | None, rank: int | None, start_iter: int, timeout: float,
+               vcluster=None) -> tuple[Path, list[dict]]:
+    """One DDP run of ``cfg`` as an mpiexec job (run again once if it fails: :data:`DDP_RETRIES`), its
+    ranks on the nodes of ``vcluster`` (one per node) when given; the run folder that finished and
+    the failed attempts."""
     from workbench.runtime.launch.blame import MPILaunchError
     from workbench.runtime.launch.mpiexec import run_mpi
 
-    cfg = RunConfig(**base_config(args, seed), **DENSE)
-    spe = cfg_steps_per_epoch(cfg)
-    start_iter = max(2, WARMUP_EPOCHS * spe)  # DDP refuses < 2 with error feedback / warm start
     failures = []
     for attempt in range(1 + DDP_RETRIES):
         attempt_dir = run_dir / f"attempt{attempt}"
         attempt_dir.mkdir(parents=True)
         (attempt_dir / "config.json").write_text(cfg.to_json())
         (attempt_dir / "peer.json").write_text(json.dumps({"hook": hook, "rank": rank, "start_iter": start_iter}))
+        placed = {} if vcluster is None else vcluster.run_options(cfg.ranks, 1, job_dir=attempt_dir / "job")
         try:
-            run_mpi(args.ranks, [str(Path(__file__).resolve()), "--ddp-worker", str(attempt_dir.resolve())],
-                    timeout=args.timeout)
-            break
+            run_mpi(cfg.ranks, [str(Path(__file__).resolve()), "--ddp-worker", str(attempt_dir.resolve())],
+                    timeout=timeout, **placed)
+            return attempt_dir, failures
         except MPILaunchError as exc:
             if attempt == DDP_RETRIES:
                 raise
             first = str(exc).splitlines()
             failures.append({"error": first[0], "detail": first[-1] if len(first) > 1 else "",
                              "training_finished": (attempt_dir / "summary.json").exists()})
-            print(f"  {key} seed {seed} failed ({first[0]}; {failures[-1]['detail']}); running it again", flush=True)
-    run_dir = attempt_dir
+            print(f"  {run_dir.name} failed ({first[0]}; {failures[-1]['detail']}); running it again", flush=True)
+    raise AssertionError("unreachable")
+
+
+def run_ddp(args, key: str, hook: str | None, rank: int | None, seed: int, run_dir: Path) -> dict:
+    from workbench.config import RunConfig
+
+    cfg = RunConfig(**base_config(args, seed), **DENSE)
+    spe = cfg_steps_per_epoch(cfg)
+    start_iter = max(2, WARMUP_EPOCHS * spe)  # DDP refuses < 2 with error feedback / warm start
+    run_dir, failures = launch_ddp(cfg, run_dir, hook, rank, start_iter, args.timeout)
     s = json.loads((run_dir / "summary.json").read_text())
     peer = json.loads((run_dir / "peer.json").read_text())
     label = {None: "torch DDP (gloo)", "fp16": "torch DDP + fp16_compress_hook",
@@ -268,7 +272,7 @@ def run_ddp(args, key: str, hook: str | None, rank: int | None, seed: int, run_d
 def cfg_steps_per_epoch(cfg) -> int:
     from workbench import data
     from workbench.summary import planned_steps
-    info = data.describe(cfg.dataset, samples=cfg.synthetic_samples)
+    info = data.describe(cfg.dataset, **cfg.data_sizes)
     return max(planned_steps(info.train_samples, cfg.workers, cfg.batch_size, 1))
 
 

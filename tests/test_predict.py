@@ -303,6 +303,23 @@ def test_cli_predicts_with_the_calibrations_network(tmp_path, capsys):
     assert row["step_s"] == pytest.approx(4 * 3e-3 + comm, rel=1e-6)
 
 
+def test_cli_takes_the_network_the_calibration_ran_on(tmp_path, capsys):
+    """4 nodes on a switch (a virtual cluster): every rank its own port, fitted on fully_connected:4 and
+    predicted in closed form with the fitted links; without a calibration the flag is refused."""
+    bench = tmp_path / "bench.json"
+    rows = [{"algorithm": "ring", "bytes": b,
+             "median_s": closed_form_seconds("ring", 4, b, 6e6, 2e-4)} for b in (1 << 18, 1 << 20, 1 << 24)]
+    bench.write_text(json.dumps({"ranks": 4, "results": rows}))
+    out = tmp_path / "p.json"
+    assert main(["predict", "--calibration", str(bench), "--calibration-topology", "fully_connected:4",
+                 "--ranks", "64", "--fusion-bytes", "0", "--json", str(out)]) == 0
+    network = json.loads(out.read_text())["network"]
+    assert "ring, closed form" in capsys.readouterr().out
+    assert network["bandwidth_Bps"] == pytest.approx(6e6, rel=1e-6) and network["latency_s"] == pytest.approx(2e-4, rel=1e-6)
+    assert main(["predict", "--calibration-topology", "fully_connected:4"]) == 2
+    assert capsys.readouterr().err.startswith("workbench predict: error: --calibration-topology describes")
+
+
 def test_a_straggler_delays_lock_step_messages_and_the_step():
     profile = toy()                      # 4 ms forward, 8 ms backward
     plain = predict(profile, 4, fusion_bytes=None)

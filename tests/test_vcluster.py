@@ -305,3 +305,38 @@ def test_a_nodes_processes_killed_are_named_with_rank_and_node(vc4):
     assert "vanished with its guard" in first and "on the same node went too" in first and seconds < 60
     assert _nothing_runs(vc4) == []
     _next_job_runs(vc4)
+
+
+#: torch.distributed (gloo) across the nodes, meeting where torch_init_method says
+GLOO = """
+import socket
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+from workbench.runtime.launch.ports import torch_init_method
+comm = MPI.COMM_WORLD
+where = torch_init_method(comm)
+dist.init_process_group("gloo", init_method=where, rank=comm.rank, world_size=comm.size)
+t = torch.full((1 << 20,), float(comm.rank))
+dist.all_reduce(t)
+assert t[0] == sum(range(comm.size)), t[0]
+print("gloo", comm.rank, socket.gethostname(), where, flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_torch_distributed_meets_at_rank_0s_node_and_crosses_the_links(tmp_path):
+    """DDP's gloo on the nodes (benchmarks/gradient_comm_vcluster.py): the ranks meet at node 0's own
+    address (127.0.0.1 is each node's own) and the all-reduce's 4 MiB cross the shaped links."""
+    vc = start(VirtualCluster(vcluster_name("g"), nodes=2, topology="switch", bandwidth="1gbit", shared=tmp_path))
+    try:
+        before = _sent(vc)
+        result = run_mpi(2, [_program(vc, "gloo.py", GLOO)], timeout=180, cwd=ROOT, **vc.run_options(2))
+        lines = sorted(line.split() for line in result.output.splitlines() if line.startswith("gloo "))
+        assert [line[2] for line in lines] == [f"{vc.name}-0", f"{vc.name}-1"]
+        assert all(line[3].startswith(f"tcp://{vc.addresses[0]}:") for line in lines), lines
+        after = _sent(vc)
+        for i in range(2):  # a 2-rank ring: each node sends its whole 4 MiB once
+            assert after[(i, "eth0")] - before[(i, "eth0")] >= 4 << 20
+    finally:
+        vc.down()

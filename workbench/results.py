@@ -46,6 +46,20 @@ def time_to_accuracy(history: pd.DataFrame, target: float) -> float | None:
     return None if reached.empty else float(reached["t"].min())
 
 
+def step_seconds(history: pd.DataFrame, skip: int = 0) -> list[float]:
+    """Seconds of each step of a lock-step run, from its ``train`` records (``t``: when the step's
+    backward ended on that rank): for each pair of consecutive steps that every rank recorded, the
+    slowest rank's interval, in step order, leaving out the first ``skip`` (first messages, a peer's
+    bucket rebuild). Evaluations after the last step fall outside; one between two steps (rank 0 at
+    every ``eval_every``) falls inside: set ``eval_every`` past the run's steps to time steps alone."""
+    train = history[history["kind"] == "train"]
+    if train.empty:
+        return []
+    t = train.pivot_table(index="step", columns="rank", values="t", aggfunc="max").dropna().sort_index()
+    consecutive = (t.index[1:] - t.index[:-1]) == 1
+    return [float(v) for v in t.diff().max(axis=1).iloc[1:][consecutive]][skip:]
+
+
 class RunObserver:
     """Base class for whoever watches a live run (dask-style: do-nothing hooks).
 

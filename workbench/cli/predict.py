@@ -4,6 +4,7 @@
     workbench predict --fusion-bytes 64M --overlap --wire-dtype fp16 --sparse-ratio 0.01
     workbench predict --algorithm easgd --ranks 4,16 --tau 1
     workbench predict --profile layers.csv --calibration benchmarks/results/allreduce_4ranks.json
+    workbench predict --calibration VCLUSTER_BENCH.json --calibration-topology fully_connected:4 --ranks 64,512
 
 Units: ``--bandwidth`` bytes/s per link (default 7e9: 56 Gbit/s, GradientFlow's network),
 ``--latency`` seconds per all-reduce step (default 5e-6), ``--fusion-bytes`` bytes of float32
@@ -25,6 +26,7 @@ import sys
 from pathlib import Path
 
 from .common import fusion_bytes_argument
+from .network import parse_topology
 
 #: the rank counts of GradientFlow's scaling study
 DEFAULT_RANKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -62,6 +64,9 @@ def add_to(sub) -> None:
     p.add_argument("--latency", type=float, default=None, help="seconds per all-reduce step (default 5e-6)")
     p.add_argument("--calibration", metavar="FILE",
                    help="take bandwidth and latency from a fit to this bench JSON (see `workbench calibrate`)")
+    p.add_argument("--calibration-topology", type=parse_topology, default=None, metavar="KIND:SHAPE",
+                   help="the network the calibration measurements ran on (default bus:<ranks>: one host; "
+                        "fully_connected:4 for 4 nodes on a switch, each rank its own port)")
     p.add_argument("--simulate", action="store_true",
                    help="time each all-reduce with the topology simulator instead of the closed form (slow at 512)")
     p.add_argument("--topology", default="fully_connected:{n}",
@@ -114,11 +119,13 @@ def _profile(args):
 
 def _network(args):
     from ..netsim import costs
+    if args.calibration_topology is not None and not args.calibration:
+        raise ValueError("--calibration-topology describes --calibration's measurements; give --calibration FILE")
     if args.calibration:
         if args.bandwidth is not None or args.latency is not None or args.simulate:
             raise ValueError("--calibration replaces --bandwidth, --latency and --simulate; give one or the other")
         from ..netsim.calibration import calibrate_file
-        cal = calibrate_file(args.calibration)
+        cal = calibrate_file(args.calibration, args.calibration_topology)
         print(f"calibrated on {args.calibration}: {cal}")
         return costs.from_calibration(cal, args.collective), "calibration"
     bandwidth = costs.GRADIENTFLOW_BANDWIDTH if args.bandwidth is None else args.bandwidth
