@@ -39,6 +39,24 @@ def test_builtin_models_one_profile_per_parameterised_layer_in_forward_order(nam
     assert kinds == (["Conv2d", "Conv2d", "Linear"] if name == "cnn" else ["Linear"] * len(layers))
 
 
+def test_resnet18_nested_in_a_sequential_is_profiled_layer_by_layer_in_the_runtimes_tensor_order():
+    # torchvision's resnet18 sits inside nn.Sequential(_Image, resnet): its 41 parameterised modules
+    # (convolutions, batch norms, the 1x1 downsampling convolutions, fc) each get a row, named by
+    # their path; the rows' tensors in forward order are the model's parameters in registration
+    # order, i.e. the runtime's flat buffer, so the predictor's buckets are the runtime's
+    torch.manual_seed(0)
+    model = models.build("resnet18", 28 * 28, 10)
+    layers = profile_layers(model, (28 * 28,), 2, repeats=1, warmup=0)
+    assert len(layers) == 41 and sum(len(layer.tensors) for layer in layers) == 62
+    assert [t for layer in layers for t in layer.tensors] == [p.numel() for p in model.parameters()]
+    assert sum(layer.parameters for layer in layers) == 11_172_810
+    names = [layer.name for layer in layers]
+    assert names[:3] == ["1.conv1:Conv2d", "1.bn1:BatchNorm2d", "1.layer1.0.conv1:Conv2d"]
+    assert "1.layer2.0.downsample.0:Conv2d" in names and names[-1] == "1.fc:Linear"
+    assert all(layer.forward_s > 0 and layer.backward_s > 0 for layer in layers)
+    assert predict(layers, 4, fusion_bytes=0).buckets == 62
+
+
 def test_forward_order_is_the_call_order_not_the_registration_order():
     class Backwards(nn.Module):
         def __init__(self):
