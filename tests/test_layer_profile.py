@@ -148,3 +148,22 @@ def test_lockstep_profiles_measure_the_ranks_skew():
     assert profile_step("mlp", 8, **FAST, wire_dtypes=()).skew_s == 0.0
     with pytest.raises(LayerProfileError, match="lockstep needs processes >= 2"):
         profile_step("mlp", 8, lockstep=True, **FAST)
+
+
+def test_profiling_processes_run_in_sessions_of_their_own_and_pause_like_waiting_ranks():
+    # each process its own session, as each rank under mpiexec (the scheduler shares a busy
+    # machine between sessions first); before every lock-step meeting (warm-up and timed
+    # repetitions) each yields the CPU for pause_s, as a rank waits out its all-reduce
+    import os
+    step = profile_step("mlp", 8, processes=2, lockstep=True, pause_s=0.02, repeats=3, warmup=1, wire_dtypes=(),
+                        timeout=300)
+    assert step.pause_s == 0.02 and step.to_dict()["pause_s"] == 0.02
+    sessions = [r["session"] for r in step.per_process]
+    assert len(set(sessions)) == 2 and os.getsid(0) not in sessions
+    assert all(r["paused_s"] >= 0.02 * (3 + 1) for r in step.per_process)
+    assert all(r["paused_s"] == 0.0 for r in profile_step("mlp", 8, processes=2, lockstep=True, repeats=2, warmup=0,
+                                                          wire_dtypes=(), timeout=300).per_process)
+    with pytest.raises(LayerProfileError, match="pause_s needs lockstep=True"):
+        profile_step("mlp", 8, pause_s=0.1, **FAST)
+    with pytest.raises(LayerProfileError, match=r"pause_s must be seconds in \[0, 3600\)"):
+        profile_step("mlp", 8, processes=2, lockstep=True, pause_s=-1, **FAST)
