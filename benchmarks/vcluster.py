@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -33,10 +31,12 @@ from pathlib import Path
 from tabulate import tabulate
 
 from workbench.bench.machine import Load, describe
+from workbench.netsim.costs import TCP_PAYLOAD_SHARE
+from workbench.vcluster.probe import one_way_latency as ping_pong_latency
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
-PAYLOAD = 1448 / 1514  # TCP payload bytes per byte on the wire (MTU 1500, timestamps on)
+PAYLOAD = TCP_PAYLOAD_SHARE  # TCP payload bytes per byte on the wire (MTU 1500, timestamps on)
 MIB = 1 << 20
 
 
@@ -62,23 +62,6 @@ def measure_up(repeats: int, scratch: Path) -> list[dict]:
                      f"{statistics.median(x['down_s'] for x in v):.2f}"] for (n, s), v in table.items()],
                    headers=["nodes", "Slurm", "runs", "up s (median)", "down s (median)"]))
     return rows
-
-
-def ping_pong_latency(vc, rounds: int = 2000) -> float:
-    """One-way seconds of a small TCP message between nodes 0 and 1 (half the median round trip)."""
-    server = subprocess.Popen([*vc.enter(1), sys.executable, "-c",
-                               "import socket; s=socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1);"
-                               " s.bind(('0.0.0.0', 5997)); s.listen(); c,_=s.accept();"
-                               " c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)\n"
-                               "while (d:=c.recv(64)): c.sendall(d)"])
-    time.sleep(0.5)
-    out = vc.exec(0, [sys.executable, "-c",
-                      f"import socket, time, statistics; c=socket.create_connection(('{vc.addresses[1]}', 5997));"
-                      " c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1); t=[]\n"
-                      f"for _ in range({rounds}):\n s=time.perf_counter(); c.sendall(b'x'*8); c.recv(64);"
-                      " t.append(time.perf_counter()-s)\nprint(statistics.median(t))"]).stdout
-    server.kill()
-    return float(out) / 2
 
 
 def measure_allreduce(rates: list[tuple[str, str | None]], sizes: list[int], repetitions: int, scratch: Path) -> dict:

@@ -39,6 +39,24 @@ def test_builtin_models_one_profile_per_parameterised_layer_in_forward_order(nam
     assert kinds == (["Conv2d", "Conv2d", "Linear"] if name == "cnn" else ["Linear"] * len(layers))
 
 
+def test_resnet18_nested_in_a_sequential_is_profiled_layer_by_layer_in_the_runtimes_tensor_order():
+    # torchvision's resnet18 sits inside nn.Sequential(_Image, resnet): its 41 parameterised modules
+    # (convolutions, batch norms, the 1x1 downsampling convolutions, fc) each get a row, named by
+    # their path; the rows' tensors in forward order are the model's parameters in registration
+    # order, i.e. the runtime's flat buffer, so the predictor's buckets are the runtime's
+    torch.manual_seed(0)
+    model = models.build("resnet18", 28 * 28, 10)
+    layers = profile_layers(model, (28 * 28,), 2, repeats=1, warmup=0)
+    assert len(layers) == 41 and sum(len(layer.tensors) for layer in layers) == 62
+    assert [t for layer in layers for t in layer.tensors] == [p.numel() for p in model.parameters()]
+    assert sum(layer.parameters for layer in layers) == 11_172_810
+    names = [layer.name for layer in layers]
+    assert names[:3] == ["1.conv1:Conv2d", "1.bn1:BatchNorm2d", "1.layer1.0.conv1:Conv2d"]
+    assert "1.layer2.0.downsample.0:Conv2d" in names and names[-1] == "1.fc:Linear"
+    assert all(layer.forward_s > 0 and layer.backward_s > 0 for layer in layers)
+    assert predict(layers, 4, fusion_bytes=0).buckets == 62
+
+
 def test_forward_order_is_the_call_order_not_the_registration_order():
     class Backwards(nn.Module):
         def __init__(self):
@@ -130,3 +148,22 @@ def test_lockstep_profiles_measure_the_ranks_skew():
     assert profile_step("mlp", 8, **FAST, wire_dtypes=()).skew_s == 0.0
     with pytest.raises(LayerProfileError, match="lockstep needs processes >= 2"):
         profile_step("mlp", 8, lockstep=True, **FAST)
+
+
+def test_profiling_processes_run_in_sessions_of_their_own_and_pause_like_waiting_ranks():
+    # each process its own session, as each rank under mpiexec (the scheduler shares a busy
+    # machine between sessions first); before every lock-step meeting (warm-up and timed
+    # repetitions) each yields the CPU for pause_s, as a rank waits out its all-reduce
+    import os
+    step = profile_step("mlp", 8, processes=2, lockstep=True, pause_s=0.02, repeats=3, warmup=1, wire_dtypes=(),
+                        timeout=300)
+    assert step.pause_s == 0.02 and step.to_dict()["pause_s"] == 0.02
+    sessions = [r["session"] for r in step.per_process]
+    assert len(set(sessions)) == 2 and os.getsid(0) not in sessions
+    assert all(r["paused_s"] >= 0.02 * (3 + 1) for r in step.per_process)
+    assert all(r["paused_s"] == 0.0 for r in profile_step("mlp", 8, processes=2, lockstep=True, repeats=2, warmup=0,
+                                                          wire_dtypes=(), timeout=300).per_process)
+    with pytest.raises(LayerProfileError, match="pause_s needs lockstep=True"):
+        profile_step("mlp", 8, pause_s=0.1, **FAST)
+    with pytest.raises(LayerProfileError, match=r"pause_s must be seconds in \[0, 3600\)"):
+        profile_step("mlp", 8, processes=2, lockstep=True, pause_s=-1, **FAST)

@@ -219,6 +219,30 @@ def comm_fraction(events: list[dict], wall_seconds: float) -> float:
     return shares["comm"] + shares["wait"]
 
 
+def steady_step_seconds(events: list[dict], skip: int = 3, span: str = "forward_backward") -> float:
+    """Mean seconds per step of a lock-step run in its steady state, from its trace events (every
+    rank's spans; ``pid`` is the rank): per rank, from the start of its ``span`` number ``skip``
+    (0-based: the first ``skip`` steps, with connection set-up and first allocations, left out) to
+    the start of its last one, over the steps between; then the mean over ranks. The last step is
+    left out because it ends with the run's final evaluation and summary. ValueError when a rank
+    has fewer than ``skip + 2`` such spans."""
+    if not isinstance(skip, int) or isinstance(skip, bool) or skip < 0:
+        raise ValueError(f"skip must be an integer >= 0 (steps left out); got {skip!r}")
+    starts: dict[int, list[float]] = {}
+    for e in events:
+        if e.get("ph", "X") == "X" and e.get("name") == span:
+            starts.setdefault(e.get("pid", 0), []).append(e["ts"])
+    if not starts:
+        raise ValueError(f"events hold no {span!r} span: was telemetry on?")
+    per_rank = []
+    for rank, ts in sorted(starts.items()):
+        if len(ts) < skip + 2:
+            raise ValueError(f"rank {rank} has {len(ts)} {span!r} spans; skip={skip} needs at least {skip + 2}")
+        ts.sort()
+        per_rank.append((ts[-1] - ts[skip]) / (len(ts) - 1 - skip) / 1e6)
+    return sum(per_rank) / len(per_rank)
+
+
 def current() -> Telemetry | None:
     """The active telemetry of this process, or ``None`` when telemetry is off."""
     return _active

@@ -97,7 +97,8 @@ def run(sizes: list[int], algorithms: list[str], dtype: str, gloo: bool, comm: M
             median = float(np.median(times))
             algbw = nbytes / median / 1e9
             results.append({"bytes": nbytes, "size": format_size(nbytes), "algorithm": name,
-                            "median_s": median, "min_s": float(times.min()), "reps": len(times),
+                            "median_s": median, "mean_s": float(times.mean()), "min_s": float(times.min()),
+                            "reps": len(times),
                             "algbw_GBps": algbw, "busbw_GBps": algbw * 2 * (n - 1) / n})
         if "auto" in algorithms and n > 1:
             key = f"{dtype}:{bucket_of(buf.numel() * buf.element_size())}"

@@ -18,6 +18,14 @@ running untimed ones until every process has finished, so the load is N processe
 The layer times are the mean over processes of each process's statistic (default ``mean`` here:
 see :mod:`workbench.bench.layers` on time-slicing).
 
+Each process runs in a session of its own (``os.setsid``), as every rank under MPICH's
+``mpiexec`` does (each with its rank guard): where Linux groups the scheduling by session (``/proc/sys/kernel/sched_autogroup_enabled``,
+on here), the cores are shared between sessions first and between a session's processes second,
+so N processes of one session would get one share of a busy machine where N ranks get N (on the
+virtual cluster, with 18 other busy processes on the 2 cores, two such processes took 136 ms per
+lenet step, with the pauses below, where the ranks' own compute took 53 ms). Each process's answer
+names its session (``per_process[i]["session"]``) and the seconds it paused (``"paused_s"``).
+
 **Lock-step** (``lockstep=True``, with ``processes=N``): every repetition starts at a barrier
 whose waiters spin (``os.sched_yield`` between looks, as a rank waiting in MPI keeps polling),
 the way ``sync-sgd``'s ranks meet at each step's all-reduce. Then the processes finish a
@@ -25,6 +33,16 @@ repetition at different times: ``skew_s`` is the mean over repetitions of (the s
 repetition) - (the mean process's), forward + backward + update. That is the straggler term of
 :func:`workbench.netsim.predict.predict` (``skew_s``): on dedicated devices it is near zero; with
 4 ranks time-sliced on 2 cores it is not. Without ``lockstep``, ``skew_s`` is 0.
+
+**Pauses** (``pause_s``, with ``lockstep``): before each barrier every process first spends
+``pause_s`` seconds yielding the CPU in a loop (``os.sched_yield``), as a rank does while its
+all-reduce is on the network (:func:`workbench.deadline.poll`), so the profile computes in the
+same rhythm as the run: compute, wait, compute. Give it the step's predicted communication time.
+On cores shared with other work the rhythm changes the compute: on the virtual cluster at 200
+Mbit/s, with about 20 other busy processes on the 2 cores, two processes profiling lenet took
+47.5 ms per step back to back and 76.5 ms with 28.9 ms pauses, against 74-76 ms of compute in the
+runs' traces (wide_mlp: 141 and 173 ms, against 151-159 ms). Which part is the scheduler's and
+which the caches' (other processes run during the pause) these runs do not separate.
 
 torch is imported here (this is ``workbench.bench``, not ``workbench.netsim``).
 """
@@ -41,6 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..checks import integer
+from ..deadline import yield_cpu
 from ..netsim.profile import LayerProfile
 from .layers import (DEFAULT_REPEATS, DEFAULT_WARMUP, LayerProfileError, _builtin, _check, _profile, _summary,
                      _timed)
@@ -153,7 +172,8 @@ class StepProfile:
     ``evaluate_s`` (:func:`evaluate_seconds` on the dataset's test set), at ``batch_size`` per
     rank; ``processes`` profiled at once, each layer's repetitions summarised by ``statistic``;
     ``skew_s``: the slowest process's extra seconds per lock-step repetition (0 unless
-    ``lockstep``; see the module's text)."""
+    ``lockstep``; see the module's text); ``pause_s``: the seconds each process yielded before
+    each lock-step meeting."""
 
     model: str
     dataset: str
@@ -167,6 +187,7 @@ class StepProfile:
     repeats: int = DEFAULT_REPEATS
     skew_s: float = 0.0
     lockstep: bool = False
+    pause_s: float = 0.0
     per_process: list[dict] = field(default_factory=list, repr=False)
 
     @property
@@ -198,13 +219,20 @@ class _Sync:
     """Phase barriers, the 'keep the load on until everyone is done' counter of N processes and,
     with ``lockstep``, a spinning barrier before every repetition (:meth:`before`)."""
 
-    def __init__(self, barrier, done, processes: int, step=None, timeout: float = 600) -> None:
+    def __init__(self, barrier, done, processes: int, step=None, timeout: float = 600, pause: float = 0.0) -> None:
         self._barrier, self._done, self.processes = barrier, done, processes
         self._step, self.timeout = step, timeout   # step: (arrived, generation) shared counters
+        self.pause, self.paused = pause, 0.0   # paused: seconds spent in pauses so far
         self.before = self._meet if step is not None else None
 
     def _meet(self) -> None:
-        """Wait, spinning with ``sched_yield``, until every process has arrived."""
+        """Yield the CPU for :attr:`pause` seconds (a rank waiting for its all-reduce), then wait,
+        spinning with ``sched_yield``, until every process has arrived."""
+        if self.pause > 0:
+            start = time.monotonic()
+            while time.monotonic() < start + self.pause:
+                yield_cpu()
+            self.paused += time.monotonic() - start
         arrived, generation = self._step
         with arrived.get_lock():
             mine = generation.value
@@ -255,9 +283,11 @@ def _measure_step(name: str, batch_size: int, dataset: str, repeats: int, warmup
             "totals": totals}
 
 
-def _child(queue, barrier, done, processes: int, step, timeout: float, args: tuple) -> None:
+def _child(queue, barrier, done, processes: int, step, timeout: float, pause: float, args: tuple) -> None:
     try:
-        queue.put(("ok", _measure_step(*args, sync=_Sync(barrier, done, processes, step, timeout))))
+        os.setsid()   # a session of its own, as mpiexec starts each rank (see the module's text)
+        sync = _Sync(barrier, done, processes, step, timeout, pause)
+        queue.put(("ok", {**_measure_step(*args, sync=sync), "session": os.getsid(0), "paused_s": sync.paused}))
     except BaseException as exc:   # noqa: BLE001 - reported to the parent, which raises it
         barrier.abort()
         queue.put(("error", f"{type(exc).__name__}: {exc}"))
@@ -281,23 +311,32 @@ def _collect(queue, children, timeout: float) -> list[tuple[str, object]]:
     return answers
 
 
+def _check_processes(processes: int, lockstep: bool, pause_s: float) -> None:
+    integer("processes", processes, 1, LayerProfileError)
+    if lockstep and processes < 2:
+        raise LayerProfileError(f"lockstep needs processes >= 2 (ranks that wait for each other); got {processes}")
+    if not isinstance(pause_s, (int, float)) or isinstance(pause_s, bool) or not 0 <= pause_s < 3600:
+        raise LayerProfileError(f"pause_s must be seconds in [0, 3600); got {pause_s!r}")
+    if pause_s and not lockstep:
+        raise LayerProfileError("pause_s needs lockstep=True (the pause comes before each lock-step meeting)")
+
+
 def profile_step(name: str, batch_size: int = 32, *, dataset: str = "digits", processes: int = 1,
                  repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, statistic: str | None = None,
                  wire_dtypes: Sequence[str] = ("fp16",), ranks: int = 4, lockstep: bool = False,
-                 timeout: float = 600) -> StepProfile:
+                 pause_s: float = 0.0, timeout: float = 600) -> StepProfile:
     """A built-in model's whole ``sync-sgd`` step measured (:class:`StepProfile`).
 
     ``processes=1``: in this process. ``processes=N``: N ``spawn`` processes measure at once (see
     the module's text); the result is the mean over processes of each one's ``statistic``
     (default ``median`` alone, ``mean`` with N > 1). ``ranks``: the run's rank count (the update
     divides the gradient sum by it; the casts scale by it). ``lockstep`` (needs ``processes`` > 1):
-    a spinning barrier before every repetition, and ``skew_s`` measured (see the module's text).
+    a spinning barrier before every repetition, and ``skew_s`` measured (see the module's text);
+    ``pause_s`` (with ``lockstep``): seconds each process yields the CPU before each meeting.
     """
     statistic = statistic or ("median" if processes == 1 else "mean")
     _check(repeats, warmup, statistic)
-    integer("processes", processes, 1, LayerProfileError)
-    if lockstep and processes < 2:
-        raise LayerProfileError(f"lockstep needs processes >= 2 (ranks that wait for each other); got {processes}")
+    _check_processes(processes, lockstep, pause_s)
     args = (name, batch_size, dataset, repeats, warmup, statistic, tuple(wire_dtypes), ranks)
     if processes == 1:
         threads = torch.get_num_threads()
@@ -311,7 +350,7 @@ def profile_step(name: str, batch_size: int = 32, *, dataset: str = "digits", pr
         ctx = mp.get_context("spawn")
         queue, barrier, done = ctx.Queue(), ctx.Barrier(processes, timeout=timeout), ctx.Value("i", 0)
         step = (ctx.Value("i", 0), ctx.Value("q", 0)) if lockstep else None
-        children = [ctx.Process(target=_child, args=(queue, barrier, done, processes, step, timeout, args),
+        children = [ctx.Process(target=_child, args=(queue, barrier, done, processes, step, timeout, pause_s, args),
                                 daemon=True)
                     for _ in range(processes)]
         for child in children:
@@ -336,7 +375,7 @@ def profile_step(name: str, batch_size: int = 32, *, dataset: str = "digits", pr
                        sum(r["update_s"] for r in results) / n,
                        {d: sum(r["wire_cast_s"][d] for r in results) / n for d in wire_dtypes},
                        sum(r["evaluate_s"] for r in results) / n, processes, statistic, repeats,
-                       _skew([r["totals"] for r in results]) if lockstep else 0.0, lockstep,
+                       _skew([r["totals"] for r in results]) if lockstep else 0.0, lockstep, pause_s,
                        per_process=results if n > 1 else [])
 
 

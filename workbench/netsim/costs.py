@@ -44,6 +44,10 @@ GRADIENTFLOW_BANDWIDTH = 56e9 / 8
 #: 1 us, plus MPI and GPU-copy overheads); the model's one free network parameter, so tables
 #: should sweep it
 DEFAULT_LATENCY = 5e-6
+#: TCP payload bytes per byte an Ethernet link carries: 1448 of every 1514 (MTU 1500 less 20 bytes
+#: of IP header, 20 of TCP header and 12 of timestamps; 14 of Ethernet header on top), so a link
+#: shaped to R bit/s moves R / 8 x 1448 / 1514 bytes/s of a message (the virtual cluster's links)
+TCP_PAYLOAD_SHARE = 1448 / 1514
 #: the closed forms :class:`AlphaBeta` knows
 CLOSED_FORMS = ("ring", "halving_doubling", "recursive_doubling", "binary_tree", "linear")
 #: the pipeline chunks of the tree schedules (their generators' default)
@@ -157,6 +161,16 @@ class AlphaBeta:
     def describe(self) -> str:
         return (f"{self.collective}, closed form: {self.bandwidth * 8 / 1e9:.4g} Gbit/s per link, "
                 f"{self.latency * 1e6:.4g} us per step")
+
+
+def tcp_link(rate_bits: float, latency: float, collective: str = "ring") -> AlphaBeta:
+    """The closed-form model of ranks that each own a TCP link of ``rate_bits`` bit/s (a switch
+    port of the virtual cluster: every rank its own shaped uplink and downlink) and ``latency``
+    seconds per all-reduce step (one hop, e.g. a TCP ping-pong's one-way time): bandwidth
+    ``rate_bits / 8 x`` :data:`TCP_PAYLOAD_SHARE` bytes/s."""
+    if not isinstance(rate_bits, (int, float)) or isinstance(rate_bits, bool) or not 0 < rate_bits < math.inf:
+        raise CostError(f"rate_bits must be a number > 0 (bit/s on the wire); got {rate_bits!r}")
+    return AlphaBeta(rate_bits / 8 * TCP_PAYLOAD_SHARE, latency, collective)
 
 
 @dataclass(frozen=True)
