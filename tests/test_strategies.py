@@ -1,5 +1,6 @@
 """The pure parts of GradientFlow's strategies, in one process (no mpiexec): fusion's bucket
-bounds, CSC's warm-up schedule, and the options' validation messages. The collective parts run
+bounds, CSC's warm-up schedule, the share of CSC's sent sum carried on as momentum, and the
+options' validation messages. The collective parts run
 under mpiexec in tests/mpi/strategy_cases.py (tests/test_mpi.py)."""
 from __future__ import annotations
 
@@ -100,13 +101,41 @@ def test_warm_up_ratio_never_rises_and_stays_in_range():
     assert all(warmup_ratio(1.0, e / 3, 5) == 1.0 for e in range(30))  # final 1: dense throughout
 
 
+# -- carried_share: the momentum in CSC's sent accumulator ----------------------------------------
+
+@pytest.mark.parametrize("momentum", [0.5, 0.9, 0.99])
+@pytest.mark.parametrize("interval", [1, 2, 3, 10, 37])
+def test_carried_share_is_the_momentum_in_the_accumulator_at_a_constant_gradient(momentum, interval):
+    """DGC's accumulation at a constant gradient g = 1, from u = v = 0 (just sent): after T steps
+    psi(T) of v is u, and v plus what momentum SGD would still apply of u (m/(1 - m) u) is
+    T/(1 - m): momentum SGD's T steps. gain(T) = 1 - m(1 - m^T)/(T(1 - m)) is what v alone is."""
+    from workbench.comm.csc import carried_share
+    u = v = 0.0
+    for _ in range(interval):
+        u = momentum * u + 1.0
+        v += u
+    psi = carried_share(interval, momentum)
+    assert psi * v == pytest.approx(u, rel=1e-12)
+    assert v + momentum / (1 - momentum) * psi * v == pytest.approx(interval / (1 - momentum), rel=1e-12)
+    gain = 1 - momentum * (1 - momentum ** interval) / (interval * (1 - momentum))
+    assert v * (1 - momentum) / interval == pytest.approx(gain, rel=1e-12)
+
+
+def test_carried_share_is_all_of_a_dense_step_and_falls_with_the_interval():
+    from workbench.comm.csc import carried_share
+    assert carried_share(1, 0.9) == pytest.approx(1.0, rel=1e-15)
+    shares = [carried_share(t, 0.9) for t in (1, 2, 5, 10, 100, 1000)]
+    assert shares == sorted(shares, reverse=True) and 0 < shares[-1] < 0.002
+    assert carried_share(10, 0.9) == pytest.approx(0.1574, abs=1e-4)
+
+
 # -- Communication ----------------------------------------------------------------------------------
 
 def test_defaults_are_dense_fp32_in_one_message():
     c = Communication()
     assert c.dense_default and not c.sparse and c.fusion_bytes is None and not c.overlap
     assert c.wire_dtype == "fp32" and c.wire_itemsize == 4 and c.wire_torch_dtype == "float32"
-    assert c.sparse_chunk == DEFAULT_SPARSE_CHUNK and c.residual and c.momentum_correction
+    assert c.sparse_chunk == DEFAULT_SPARSE_CHUNK and c.residual and c.momentum_correction and c.carry_momentum
     assert c.describe() == "one message per step, fp32"
     assert set(c.to_dict()) == set(FIELDS)
 
@@ -121,6 +150,8 @@ def test_derived_properties():
     text = Communication(sparse_ratio=0.1, sparse_chunk=32, warmup_epochs=2, residual=False,
                          momentum_correction=False, overlap=True).describe()
     assert text == "one message per step, overlap, fp32, CSC rho=0.1 c=32 warm-up 2 no residual no momentum correction"
+    dgc = Communication(sparse_ratio=0.1, carry_momentum=False).describe()
+    assert dgc == "one message per step, fp32, CSC rho=0.1 c=64 masked momentum dropped"
 
 
 FUSION = re.escape("fusion_bytes must be an integer >= 0 (bytes; 0 = one message per tensor) "
@@ -136,6 +167,7 @@ RATIO = re.escape("sparse_ratio must be a number in (0, 1] (the share of chunks 
     ({"overlap": 1}, "overlap must be true or false; got 1"),
     ({"sparse_ratio": 0.1, "residual": "yes"}, "residual must be true or false; got 'yes'"),
     ({"sparse_ratio": 0.1, "momentum_correction": None}, "momentum_correction must be true or false; got None"),
+    ({"sparse_ratio": 0.1, "carry_momentum": 0}, "carry_momentum must be true or false; got 0"),
     ({"wire_dtype": "fp8"}, "wire_dtype must be one of fp32, fp16, bf16; got 'fp8'"),
     ({"wire_dtype": "float16"}, "wire_dtype must be one of fp32, fp16, bf16; got 'float16'"),
     ({"sparse_ratio": 0}, RATIO + "; got 0"),
@@ -157,7 +189,7 @@ def test_bad_options_are_refused_with_a_message_naming_them(options, message):
 
 
 @pytest.mark.parametrize("name,value", [("warmup_epochs", 1), ("residual", False), ("momentum_correction", False),
-                                        ("sparse_chunk", DEFAULT_SPARSE_CHUNK + 1)])
+                                        ("carry_momentum", False), ("sparse_chunk", DEFAULT_SPARSE_CHUNK + 1)])
 def test_csc_options_need_a_sparse_ratio(name, value):
     with pytest.raises(CommunicationError, match=rf"^{name} is an option of coarse-grained sparse communication; "
                                                  r"set sparse_ratio \(in \(0, 1\]\) to use it$"):

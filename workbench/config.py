@@ -130,6 +130,9 @@ class RunConfig:
     momentum_correction: bool = option(_COMM["momentum_correction"], "CSC: momentum before the selection "
                                        "(--no-momentum-correction: after the exchange, the ablation)",
                                        group="gradient communication")
+    carry_momentum: bool = option(_COMM["carry_momentum"], "CSC with momentum correction: the optimizer carries on "
+                                  "the momentum that masking clears from the sent chunks (--no-carry-momentum: "
+                                  "dropped, DGC as published)", group="gradient communication")
     comm_hook: str | None = option(
         None, "a gradient hook 'module:function' in place of the dense all-reduce (function(state, bucket) -> Work; "
               "docs/architecture.md, \"How to add a communication hook\")",

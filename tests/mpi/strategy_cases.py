@@ -5,8 +5,9 @@ real models with real backward passes on rank-dependent data: fusion buckets and
 counts, fused results against a per-tensor blocking all-reduce, overlap (buckets issued from
 the backward hooks), CSC's selection (the same on every rank, recomputed independently), the
 bytes on the wire against the formulas, CSC's residual conservation in float64, ratio 1 with
-momentum correction against momentum SGD, injected wire overflows, and the ablations' code
-paths. Named without the ``test_`` prefix so the outer, single-process pytest does not collect
+momentum correction against momentum SGD, a CSC step worked by hand (DGC's update with the masked
+momentum carried), CSC's speed at a constant gradient against momentum SGD's, injected wire
+overflows, and the ablations' code paths. Named without the ``test_`` prefix so the outer, single-process pytest does not collect
 it. Every rank runs every case in the same order (the cases are collective); every wait has a
 timeout, so a bug fails a case instead of hanging the job.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
-from functools import partialmethod
+from functools import partial, partialmethod
 
 import numpy as np
 import pytest
@@ -35,6 +36,7 @@ from workbench.comm.strategies import BACKOFF, INITIAL_LOSS_SCALE, GradientReduc
 from workbench.comm.tuning import Tuner  # noqa: E402
 from workbench.models import FlatParams, build  # noqa: E402
 from workbench.optim import rules  # noqa: E402
+from workbench.optim.sync import gradient_step  # noqa: E402
 
 torch.set_num_threads(1)
 WORLD = MPI.COMM_WORLD
@@ -454,30 +456,37 @@ def test_csc_residual_conserves_every_gradient_in_float64(comm_name, collective,
     reducer.close()
 
 
-# -- 7. ratio 1 with momentum correction, unmasked, is momentum SGD --------------------------------
+# -- 7. ratio 1 with momentum correction is momentum SGD -------------------------------------------
 
 @pytest.mark.parametrize("collective", ["native", "ring"])
 @pytest.mark.parametrize("theta,overlap", [(None, False), (1000, True)])
-def test_ratio_one_with_momentum_correction_is_momentum_sgd(collective, theta, overlap):
+@pytest.mark.parametrize("carry", [True, False])
+def test_ratio_one_with_momentum_correction_is_momentum_sgd(collective, theta, overlap, carry):
+    """A dense warm-up step: with the carry, every send clears u and the momentum lives in the
+    optimizer's velocity (psi(1) = 1); without it, u is left unmasked and holds the momentum."""
     lr, momentum = 0.1, 0.9
-    csc = Rig(WORLD, Communication(fusion_bytes=theta, overlap=overlap, sparse_ratio=0.05, sparse_chunk=32),
-              "deep", collective, momentum=momentum)
+    csc = Rig(WORLD, Communication(fusion_bytes=theta, overlap=overlap, sparse_ratio=0.05, sparse_chunk=32,
+                                   carry_momentum=carry), "deep", collective, momentum=momentum)
     assert csc.reducer.momentum_in_communication
     dense = Rig(WORLD, Communication(), "deep", collective)
-    velocity = torch.zeros_like(dense.flat.data)
+    velocity, csc_velocity = torch.zeros_like(dense.flat.data), torch.zeros_like(dense.flat.data)
     assert torch.equal(csc.flat.data, dense.flat.data)
     for step in range(5):
         csc.backward(step, 1.0)
-        assert csc.csc.mask_momentum is False  # a dense warm-up step: no momentum factor masking
+        assert csc.csc.mask_momentum is carry  # a dense warm-up step masks only to carry
         assert csc.reducer.finish()
-        x, _ = rules.momentum_sgd(csc.flat.data, torch.zeros_like(velocity), csc.flat.grad / SIZE, lr, 0.0)
-        csc.flat.data.copy_(x)  # SyncSGD: the momentum is in the communication already
+        x, csc_velocity = gradient_step(csc.flat.data, csc_velocity, csc.reducer, SIZE, lr, momentum)
+        csc.flat.data.copy_(x)
         assert dense.step(step)
         x, velocity = rules.momentum_sgd(dense.flat.data, velocity, dense.flat.grad / SIZE, lr, momentum)
         dense.flat.data.copy_(x)
         torch.testing.assert_close(csc.flat.data, dense.flat.data, rtol=1e-6, atol=1e-6)
     assert (csc.csc.v == 0).all()  # everything was sent
-    assert (csc.csc.u != 0).any()  # and the momentum kept
+    if carry:
+        assert (csc.csc.u == 0).all() and (csc.csc.carry_weight == 1).all()
+        torch.testing.assert_close(csc_velocity, velocity, rtol=1e-6, atol=1e-7)  # the momentum, carried
+    else:
+        assert (csc.csc.u != 0).any() and (csc_velocity == 0).all()  # the momentum kept in u
     assert (csc.flat.data != make_model_flat("deep")).any()  # it moved
     csc.close(), dense.close()
 
@@ -517,9 +526,10 @@ def test_an_injected_overflow_skips_that_step_on_every_rank(comm_name, wire, mod
         applied.append(ok)
         if sparse and not ok:  # a skipped step leaves CSC's momentum and residual as they were
             assert torch.equal(rig.csc.u, before[0]) and torch.equal(rig.csc.v, before[1])
+        if sparse and not ok:
+            assert (rig.csc.carry_weight == 0).all()  # nothing carried from a skipped step
         if ok:
-            m = 0.0 if rig.reducer.momentum_in_communication else momentum
-            x, velocity = rules.momentum_sgd(rig.flat.data, velocity, rig.flat.grad / rig.size, lr, m)
+            x, velocity = gradient_step(rig.flat.data, velocity, rig.reducer, rig.size, lr, momentum)
             rig.flat.data.copy_(x)
         assert torch.isfinite(rig.flat.data).all()
         assert not rig.reducer.momentum_in_communication or (
@@ -549,10 +559,78 @@ def test_csc_without_residual_or_momentum_correction_runs(residual, correction, 
             assert (rig.csc.v == 0).all()  # nothing kept
         if not correction:
             assert (rig.csc.u == 0).all()  # momentum stays with the optimizer
-        m = 0.0 if rig.reducer.momentum_in_communication else momentum
-        x, velocity = rules.momentum_sgd(rig.flat.data, velocity, rig.flat.grad / SIZE, 0.05, m)
+        x, velocity = gradient_step(rig.flat.data, velocity, rig.reducer, SIZE, 0.05, momentum)
         rig.flat.data.copy_(x)
         assert torch.isfinite(rig.flat.data).all()
     assert rig.reducer.momentum_in_communication == correction
     assert same_on_every_rank(WORLD, (rig.csc.selection_digest, digest(rig.flat.data)))
     rig.close()
+
+
+# -- 10. CSC's update worked by hand: DGC's step, with the masked momentum carried on --------------
+
+def _pool_rig(comm, n: int, options: Communication, momentum: float) -> GradientReducer:
+    """A reducer over one float64 parameter of ``n`` elements (no model: the test sets the gradient)."""
+    param = nn.Parameter(torch.zeros(n, dtype=torch.float64))
+    return GradientReducer([param], [(0, n)], torch.zeros(n, dtype=torch.float64), comm, "native", options,
+                           momentum=momentum, timeout=WAIT)
+
+
+@pytest.mark.parametrize("comm_name", list(COMMS))
+@pytest.mark.parametrize("carry", [True, False])
+def test_a_csc_step_by_hand_is_dgc_with_the_masked_momentum_carried(comm_name, carry):
+    """Two steps on 4 chunks of 2, ratio 0.5, m = 0.5, lr = 0.1, every rank the same gradient
+    (the mean is that gradient). DGC: u <- m u + g; v <- v + u; send the chunks of largest L1
+    norm; clear them in u and v; the optimizer steps by the sent mean. With the carry, its
+    velocity keeps psi(T) of the sent mean, T = 4 chunks / 2 sent = 2 steps:
+    psi(2) = (1 - m^2)(1 - m)/(2(1 - m) - m(1 - m^2)) = 0.375/0.625 = 0.6."""
+    comm, lr, m = COMMS[comm_name], 0.1, 0.5
+    reducer = _pool_rig(comm, 8, Communication(sparse_ratio=0.5, sparse_chunk=2, carry_momentum=carry), m)
+    csc, size = reducer.csc, comm.Get_size()
+    x, velocity = torch.zeros(8, dtype=torch.float64), torch.zeros(8, dtype=torch.float64)
+    t = partial(torch.tensor, dtype=torch.float64)
+    share = 0.6 if carry else 0.0
+    # step 0: u = v = g; norms 8, 2, 6, 1: chunks 0 and 2 go
+    csc.ratio = 0.5
+    reducer.grad.copy_(t([4, 4, 1, 1, 3, -3, 0.5, 0.5]))
+    assert reducer.reduce()
+    sent = t([4, 4, 0, 0, 3, -3, 0, 0])
+    torch.testing.assert_close(reducer.grad / size, sent, rtol=0, atol=0)
+    assert torch.equal(csc.u, t([0, 0, 1, 1, 0, 0, 0.5, 0.5])) and torch.equal(csc.v, csc.u)
+    x, velocity = gradient_step(x, velocity, reducer, size, lr, m)
+    torch.testing.assert_close(x, -lr * sent, rtol=0, atol=1e-15)
+    torch.testing.assert_close(velocity, -lr * share * sent, rtol=1e-12, atol=1e-15)
+    # step 1: g = 1: u = (1, 1, 1.5, 1.5, 1, 1, 1.25, 1.25), v = (1, 1, 2.5, 2.5, 1, 1, 1.75, 1.75);
+    # norms 2, 5, 2, 3.5: chunks 1 and 3 go
+    reducer.grad.fill_(1.0)
+    assert reducer.reduce()
+    sent2 = t([0, 0, 2.5, 2.5, 0, 0, 1.75, 1.75])
+    torch.testing.assert_close(reducer.grad / size, sent2, rtol=0, atol=0)
+    assert torch.equal(csc.u, t([1, 1, 0, 0, 1, 1, 0, 0])) and torch.equal(csc.v, csc.u)
+    torch.testing.assert_close(csc.carry_weight, share * (sent2 != 0).double(), rtol=1e-12, atol=0)
+    x2, velocity2 = gradient_step(x, velocity, reducer, size, lr, m)
+    torch.testing.assert_close(x2, x - lr * sent2 + m * velocity, rtol=0, atol=1e-15)  # DGC's step + the carry
+    torch.testing.assert_close(velocity2, m * velocity - lr * share * sent2, rtol=1e-12, atol=1e-15)
+    reducer.close()
+
+
+@pytest.mark.parametrize("carry,speed", [(True, 1.0), (False, 1 - 0.9 * (1 - 0.9 ** 2) / (2 * 0.1))])
+def test_csc_moves_at_momentum_sgds_speed_at_a_constant_gradient(carry, speed):
+    """Two chunks of the same constant gradient g, ratio 0.5: each is sent every other step.
+    Momentum SGD's weights move lr g/(1 - m) per step once the velocity has built up; CSC with
+    the carry moves as fast, every two steps (exact once m^t has died out: 300 steps); DGC's
+    masking as published moves 1 - m(1 - m^T)/(T(1 - m)) = 0.145 as fast (T = 2, m = 0.9)."""
+    lr, m, g = 0.1, 0.9, 1.0
+    reducer = _pool_rig(WORLD, 4, Communication(sparse_ratio=0.5, sparse_chunk=2, carry_momentum=carry), m)
+    x, velocity = torch.zeros(4, dtype=torch.float64), torch.zeros(4, dtype=torch.float64)
+    positions = []
+    for _ in range(300):
+        reducer.csc.ratio = 0.5
+        reducer.grad.fill_(g)
+        assert reducer.reduce()
+        x, velocity = gradient_step(x, velocity, reducer, SIZE, lr, m)
+        positions.append(x.clone())
+    assert (reducer.csc.u == 0).tolist() in ([True, True, False, False], [False, False, True, True])  # alternating
+    per_step = (positions[-3] - positions[-1]) / 2
+    torch.testing.assert_close(per_step, torch.full_like(x, speed * lr * g / (1 - m)), rtol=1e-9, atol=0)
+    reducer.close()

@@ -11,32 +11,62 @@ from .hooks import GradBucket, HookState, Work
 from .options import Communication
 
 
+def carried_share(interval: float, momentum: float) -> float:
+    """psi(T): the share of a sent chunk's accumulator v that is its momentum u when the chunk is
+    sent every T = ``interval`` steps and its gradient g stays the same: u = (1 - m^T)/(1 - m) g
+    and v = sum over k = 1..T of (1 - m^k)/(1 - m) g, so
+    psi(T) = (1 - m^T)(1 - m) / (T(1 - m) - m(1 - m^T)); psi(1) = 1 (dense: v is u),
+    psi(10) = 0.157, psi(100) = 0.011 (m = 0.9). Carrying psi(T) v on as momentum gives back
+    what momentum factor masking drops (m/(1 - m) u in all), so a chunk sent every T steps moves
+    as far as momentum SGD would; a chunk sent more often moves less, one sent less often more."""
+    decayed = momentum ** interval
+    return (1 - decayed) * (1 - momentum) / (interval * (1 - momentum) - momentum * (1 - decayed))
+
+
 class CSCState(HookState):
     """CSC's state: per bucket, chunks of ``chunk`` elements; the chunks' L1 norms are
     all-reduced; every rank selects the same top ``ceil(ratio * K)`` chunks (ties by lower
     index: a stable sort) and all-reduces only those, packed; the rest stays in the residual
     ``v``; momentum correction accumulates momentum ``u`` before the selection and clears the
-    sent chunks in both (momentum factor masking, off during a dense warm-up).
+    sent chunks in both (momentum factor masking, off during a dense warm-up unless the
+    momentum is carried).
+
+    **Carrying the momentum** (``carry_momentum``, docs/papers.md section 3): DGC's masking drops
+    the momentum u of a sent chunk, which momentum SGD would have gone on applying
+    (m u, m^2 u, ...: m/(1 - m) u in all); a chunk sent every T steps then moves only
+    gain(T) = 1 - m(1 - m^T)/(T(1 - m)) as far as momentum SGD (0.1 at T = 1, 0.41 at T = 10,
+    m = 0.9). With the carry on, the optimizer goes on applying it: :attr:`carry_weight` is, on
+    the elements sent this step, :func:`carried_share` of the bucket's mean send interval
+    T = K / (chunks sent) (one value per bucket, the same on every rank: no extra bytes), and
+    :func:`workbench.optim.rules.carried_momentum_sgd` keeps that share of the sent sum in its
+    velocity. The average chunk then moves at momentum SGD's speed; DGC's relative pace between
+    chunks sent often and seldom is kept. Every send clears u, dense ones too (psi(1) = 1: a dense
+    warm-up is momentum SGD exactly, its momentum in the optimizer's velocity).
 
     Attributes:
         ratio: the selection ratio of the current step (set before :meth:`begin_step`).
         u, v: the momentum and the residual (accumulator), laid out like the gradient pool.
+        carry_weight: per element, the share of this step's sent sum that the optimizer keeps
+            as momentum (0 where nothing was sent, or with the carry off).
         selection_digest: sha256 over every selection so far (the same on every rank).
     """
 
     def __init__(self, grad: torch.Tensor, options: Communication, momentum: float = 0.0) -> None:
         self.chunk, self.momentum = options.sparse_chunk, momentum
         self.residual, self.momentum_correction = options.residual, options.momentum_correction
+        self.carry = options.carry_momentum and options.momentum_correction and momentum > 0
         self.ratio = 1.0
         self.mask_momentum = True
         self.u, self.v = torch.zeros_like(grad), torch.zeros_like(grad)
+        self.carry_weight = torch.zeros_like(grad)
         self.selection_digest = ""
         self._digest = hashlib.sha256()
-        self._pending: list = []  # (u, v, sent mask) of the buckets sent this step
-        self._saved: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._pending: list[tuple[slice, torch.Tensor, float]] = []  # (bucket, sent mask, interval)
+        self._saved: tuple[torch.Tensor, ...] | None = None
 
     def begin_step(self, may_skip: bool = False) -> None:
-        self.mask_momentum = self.ratio < 1.0
+        self.mask_momentum = self.ratio < 1.0 or self.carry
+        self.carry_weight.zero_()
         if may_skip:  # a skipped step must leave u and v as they were (an inf kept in u would
             if self._saved is None:  # make every later step overflow at ratio 1)
                 self._saved = (torch.empty_like(self.u), torch.empty_like(self.v))
@@ -44,25 +74,32 @@ class CSCState(HookState):
             self._saved[1].copy_(self.v)
 
     def settle(self, applied: bool) -> None:
-        """What was sent leaves the residual (and, with momentum masking, the momentum); without
-        a residual everything unsent is dropped. A skipped step puts u and v back as they were:
-        the residual from earlier steps is sent later, the skipped step's own gradient is
-        dropped, as a dense skip drops it."""
+        """What was sent leaves the residual (and, with momentum masking, the momentum, whose
+        share the optimizer carries on); without a residual everything unsent is dropped. A
+        skipped step puts u and v back as they were: the residual from earlier steps is sent
+        later, the skipped step's own gradient is dropped, as a dense skip drops it."""
         if applied:
-            for u, v, sent in self._pending:
-                if self.residual:
-                    v.masked_fill_(sent, 0.0)
-                else:
-                    v.zero_()
-                if self.momentum_correction and self.mask_momentum:
-                    u.masked_fill_(sent, 0.0)
+            for part, sent, interval in self._pending:
+                self._settle_bucket(part, sent, interval)
         elif self._saved is not None:
             self.u.copy_(self._saved[0])
             self.v.copy_(self._saved[1])
         self._pending.clear()
 
-    def accumulate(self, bucket: GradBucket) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fold the bucket's gradient into u and v; returns their slices."""
+    def _settle_bucket(self, part: slice, sent: torch.Tensor, interval: float) -> None:
+        u, v = self.u[part], self.v[part]
+        masked = self.momentum_correction and self.mask_momentum
+        if self.carry and masked:  # without a residual, v is u itself: all of it is momentum
+            self.carry_weight[part].masked_fill_(sent, carried_share(interval, self.momentum) if self.residual else 1.0)
+        if self.residual:
+            v.masked_fill_(sent, 0.0)
+        else:
+            v.zero_()
+        if masked:
+            u.masked_fill_(sent, 0.0)
+
+    def accumulate(self, bucket: GradBucket) -> torch.Tensor:
+        """Fold the bucket's gradient into u and v; returns v's slice."""
         g, part = bucket.buffer, slice(bucket.start, bucket.stop)
         u, v = self.u[part], self.v[part]
         if self.momentum_correction:
@@ -75,7 +112,7 @@ class CSCState(HookState):
             v.add_(g)
         else:
             v.copy_(g)
-        return u, v
+        return v
 
     def record(self, bucket: GradBucket, selected: torch.Tensor) -> None:
         self._digest.update(bucket.index.to_bytes(4, "little") + selected.numpy().astype(np.int64).tobytes())
@@ -84,7 +121,7 @@ class CSCState(HookState):
 
 def csc_hook(state: CSCState, bucket: GradBucket) -> Work:
     """Coarse-grained sparse communication of one bucket (see :class:`CSCState`)."""
-    u, v = state.accumulate(bucket)
+    v = state.accumulate(bucket)
     n, c = bucket.numel, state.chunk
     if n == 0:
         return Work()
@@ -94,18 +131,18 @@ def csc_hook(state: CSCState, bucket: GradBucket) -> Work:
     rows = rows.view(chunks, c)
     keep = chunks if state.ratio >= 1.0 else min(chunks, math.ceil(state.ratio * chunks))
     if keep == chunks:  # dense (warm-up or ratio 1): no norms to exchange
-        return _send_chunks(state, bucket, rows, torch.arange(chunks), u, v, dense=True)
+        return _send_chunks(state, bucket, rows, torch.arange(chunks), dense=True)
     norms = rows.abs().sum(dim=1)
     work = bucket.wire.control(norms, n)
 
     def select() -> Work:
         order = torch.sort(norms, descending=True, stable=True).indices  # ties: lower index first
-        return _send_chunks(state, bucket, rows, torch.sort(order[:keep]).values, u, v)
+        return _send_chunks(state, bucket, rows, torch.sort(order[:keep]).values)
     return work.then(select)
 
 
 def _send_chunks(state: CSCState, bucket: GradBucket, rows: torch.Tensor, selected: torch.Tensor,
-                 u: torch.Tensor, v: torch.Tensor, dense: bool = False) -> Work:
+                 dense: bool = False) -> Work:
     """All-reduce the ``selected`` chunks packed (the last one unpadded); unpack them into the
     bucket when back, the rest 0. ``dense``: every chunk, counted as the bucket's dense equivalent."""
     state.record(bucket, selected)
@@ -124,5 +161,6 @@ def _send_chunks(state: CSCState, bucket: GradBucket, rows: torch.Tensor, select
         g.copy_(out[:n])
         mask = torch.zeros(chunks, dtype=torch.bool)
         mask[selected] = True
-        state._pending.append((u, v, mask.repeat_interleave(c)[:n]))  # cleared once the step applies
+        # settled once the step applies; the bucket's mean send interval: K / chunks sent
+        state._pending.append((slice(bucket.start, bucket.stop), mask.repeat_interleave(c)[:n], chunks / selected.numel()))
     return bucket.wire.allreduce(message, n if dense else None).then(unpack)

@@ -44,3 +44,15 @@ def momentum_sgd(x: Tensor, v: Tensor, grad: Tensor, lr: float, momentum: float)
     """Heavy-ball momentum SGD; returns ``(x', v')``: ``v' = momentum*v - lr*grad``, ``x' = x + v'``."""
     v_new = momentum * v - lr * grad
     return x + v_new, v_new
+
+
+def carried_momentum_sgd(x: Tensor, v: Tensor, grad: Tensor, carried: Tensor | float, lr: float,
+                         momentum: float) -> tuple[Tensor, Tensor]:
+    """Momentum SGD for a gradient that already carries momentum (CSC's momentum correction sends
+    momentum-SGD steps); returns ``(x', v')``: ``x' = x - lr*grad + momentum*v``;
+    ``v' = momentum*v - lr*carried*grad``. ``carried`` (per element, in [0, 1]) is the share of
+    ``grad`` that was momentum cleared at the sender, which momentum SGD would go on applying:
+    ``carried = 1`` everywhere is :func:`momentum_sgd` exactly, ``carried = 0`` everywhere with
+    ``v = 0`` is plain SGD (DGC's momentum factor masking as published)."""
+    v_new = momentum * v - lr * (carried * grad)
+    return x - lr * grad + momentum * v, v_new

@@ -3,7 +3,9 @@
 ``sync-sgd``: the gradients are reduced by a :class:`~workbench.comm.strategies.GradientReducer`
 (GradientFlow's strategies: fusion buckets, overlap with backward, fp16/bf16 on the wire,
 coarse-grained sparse communication; dense fp32 in one message by default), then a momentum
-SGD step on every rank (without momentum when CSC's momentum correction carries it).
+SGD step on every rank (with CSC's momentum correction, the sent sum is a momentum step already:
+the optimizer only carries on the momentum that masking cleared at the senders,
+``rules.carried_momentum_sgd``).
 ``sync-easgd``: the SC'17 lock-step scheme with the center replicated on every rank: (1)
 workers compute gradients while (2-3) the sum of the workers' weights is all-reduced
 (overlapped in a communication thread, ``overlap=True``; in fusion buckets), then (4) the
@@ -48,6 +50,18 @@ def reduce_flat(ctx: Context, buf: torch.Tensor) -> None:
         if ctx.size > 1:
             ctx.count_message(buffer_wire_bytes(part, ctx.comm, algorithm),
                               dense_bytes(stop - start, ctx.comm, algorithm))
+
+
+def gradient_step(x: torch.Tensor, velocity: torch.Tensor, reducer: GradientReducer, ranks: int, lr: float,
+                  momentum: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """sync-sgd's update once ``reducer`` has summed the gradients: ``(x', velocity')``. Momentum
+    SGD on the mean; with CSC's momentum correction the mean is a momentum step already, and the
+    optimizer only carries on the momentum that masking cleared at the senders
+    (:func:`~workbench.optim.rules.carried_momentum_sgd` with CSC's ``carry_weight``)."""
+    grad = reducer.grad / ranks
+    if reducer.momentum_in_communication:
+        return rules.carried_momentum_sgd(x, velocity, grad, reducer.csc.carry_weight, lr, momentum)
+    return rules.momentum_sgd(x, velocity, grad, lr, momentum)
 
 
 class _Background:
@@ -152,9 +166,8 @@ class SyncSGD(SyncAlgorithm):
         if not apply:  # a wire overflow on some rank: every rank skips this step
             return
         with ctx.span("update", "compute"):
-            grad = ctx.flat.grad / ctx.size
-            momentum = 0.0 if reducer.momentum_in_communication else cfg.hyper.momentum
-            x, self.velocity = rules.momentum_sgd(ctx.flat.data, self.velocity, grad, cfg.hyper.lr, momentum)
+            x, self.velocity = gradient_step(ctx.flat.data, self.velocity, reducer, ctx.size, cfg.hyper.lr,
+                                             cfg.hyper.momentum)
             ctx.flat.data.copy_(x)
 
 
