@@ -31,7 +31,7 @@ bench allreduce --vcluster``), fitted by :func:`workbench.netsim.calibration.cal
 ``fully_connected:4`` (a switch: every rank its own port).
 
     python benchmarks/gradient_comm_vcluster.py [--models resnet18,alexnet] [--only ROW,...] [--steps N]
-                                                [--rounds R] [--json FILE]
+                                                [--rounds R] [--rate RATE] [--no-calibrate] [--json FILE]
 
 Writes benchmarks/results/gradient_comm_vcluster.json (machine, load, link rates, nodes, every run).
 """
@@ -168,7 +168,8 @@ def study(model: str, args, log) -> dict:
     from workbench.vcluster.plan import format_rate
     spec = STUDIES[model]
     chosen = [r for r in rows(model) if args.only is None or r[0] in args.only]
-    vc = VirtualCluster(f"g{model[:3]}{os.getpid() % 1000}", nodes=NODES, topology="switch", bandwidth=spec["rate"])
+    vc = VirtualCluster(f"g{model[:3]}{os.getpid() % 1000}", nodes=NODES, topology="switch",
+                        bandwidth=args.rate or spec["rate"])
     vc.up()
     runs, calibration = [], None
     try:
@@ -335,6 +336,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1, help="runs of every row (medians over them)")
     parser.add_argument("--no-calibrate", dest="calibrate", action="store_false",
                         help="skip the all-reduce calibration and the predictions")
+    parser.add_argument("--rate", help="every model's link rate (tc's units, 1gbit) instead of its own (STUDIES)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take")
     parser.add_argument("--json", type=Path, default=RESULTS / "gradient_comm_vcluster.json")
     args = parser.parse_args()
