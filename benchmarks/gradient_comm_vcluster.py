@@ -31,7 +31,7 @@ bench allreduce --vcluster``), fitted by :func:`workbench.netsim.calibration.cal
 ``fully_connected:4`` (a switch: every rank its own port).
 
     python benchmarks/gradient_comm_vcluster.py [--models resnet18,alexnet] [--only ROW,...] [--steps N]
-                                                [--rounds R] [--rate RATE] [--no-calibrate] [--json FILE]
+                                                [--rounds R] [--rate RATE] [--no-calibrate] [--json FILE] [--resume]
 
 Writes benchmarks/results/gradient_comm_vcluster.json (machine, load, link rates, nodes, every run).
 """
@@ -162,37 +162,45 @@ def calibrate_on(vc, model: str, out: Path, timeout: float) -> dict:
             "table": cal.table.to_dict(orient="records")}
 
 
-def study(model: str, args, log) -> dict:
-    """Bring up the model's cluster, run its rows ``args.rounds`` times (shuffled), calibrate, take it down."""
+def study(model: str, args, log, done: dict | None, save) -> dict:
+    """Bring up the model's cluster, run its rows ``args.rounds`` times (shuffled), calibrate, take it
+    down. ``done``: this study as a partial file left it (``--resume``: its runs and calibration are
+    kept, not run again); ``save(study)`` is called after every run and the calibration."""
     from workbench.vcluster import VirtualCluster
     from workbench.vcluster.plan import format_rate
-    spec = STUDIES[model]
+    spec, rate = STUDIES[model], args.rate or STUDIES[model]["rate"]
+    result = {"model": model, "dataset": spec["dataset"], "link_rate": rate, "nodes": NODES, "topology": "switch",
+              "ranks_per_node": 1, "batch_per_rank": spec["batch"], "steps": args.steps or spec["steps"],
+              "collective": "ring", "calibration": None, "runs": []}
+    if done is not None:
+        if (done["link_rate"], done["steps"]) != (rate, result["steps"]):
+            raise SystemExit(f"--resume: {model} in the file ran at {done['link_rate']}, {done['steps']} steps")
+        result.update(calibration=done.get("calibration"), runs=list(done["runs"]))
+    have = {(r["key"], r["round"]) for r in result["runs"]}
     chosen = [r for r in rows(model) if args.only is None or r[0] in args.only]
-    vc = VirtualCluster(f"g{model[:3]}{os.getpid() % 1000}", nodes=NODES, topology="switch",
-                        bandwidth=args.rate or spec["rate"])
+    todo = [(round_, key, changes) for round_ in range(args.rounds)
+            for key, changes in random.Random(round_).sample(chosen, len(chosen)) if (key, round_) not in have]
+    if not todo and (result["calibration"] or not args.calibrate):
+        return result
+    vc = VirtualCluster(f"g{model[:3]}{os.getpid() % 1000}", nodes=NODES, topology="switch", bandwidth=rate)
     vc.up()
-    runs, calibration = [], None
+    result["link_rate"], result["link_rate_bits"] = format_rate(vc.plan.bandwidth), vc.plan.bandwidth
     try:
         with tempfile.TemporaryDirectory(prefix="gflow-", dir=vc.shared) as tmp:
-            for round_ in range(args.rounds):
-                order = list(chosen)
-                random.Random(round_).shuffle(order)
-                for key, changes in order:
-                    r = run_row(vc, model, key, changes, args.steps or spec["steps"], Path(tmp), args.timeout)
-                    r["round"] = round_
-                    runs.append(r)
-                    log(f"{model} {key}: {r['step_s']:.2f} s/step, comm {r['comm_s_per_step'] or 0:.2f} s/step, "
-                        f"{r['wire_bytes_per_step'] / 1e6:.2f} MB/step, link {r['link_bytes_per_rank_step'] / 1e6:.2f}"
-                        f" MB/rank/step ({r['job_seconds']:.0f} s)")
-        if args.calibrate:
-            calibration = calibrate_on(vc, model, RESULTS / f"gradient_comm_vcluster_allreduce_{model}.json",
-                                       args.timeout)
+            for round_, key, changes in todo:
+                r = run_row(vc, model, key, changes, result["steps"], Path(tmp), args.timeout)
+                result["runs"].append({**r, "round": round_})
+                save(result)
+                log(f"{model} {key}: {r['step_s']:.2f} s/step, comm {r['comm_s_per_step'] or 0:.2f} s/step, "
+                    f"{r['wire_bytes_per_step'] / 1e6:.2f} MB/step, link {r['link_bytes_per_rank_step'] / 1e6:.2f}"
+                    f" MB/rank/step ({r['job_seconds']:.0f} s)")
+        if args.calibrate and not result["calibration"]:
+            result["calibration"] = calibrate_on(vc, model, RESULTS / f"gradient_comm_vcluster_allreduce_{model}.json",
+                                                 args.timeout)
+            save(result)
     finally:
         vc.down()
-    return {"model": model, "dataset": spec["dataset"], "link_rate": format_rate(vc.plan.bandwidth),
-            "link_rate_bits": vc.plan.bandwidth, "nodes": NODES, "topology": "switch", "ranks_per_node": 1,
-            "batch_per_rank": spec["batch"], "steps": args.steps or spec["steps"], "collective": "ring",
-            "calibration": calibration, "runs": runs}
+    return result
 
 
 # -- the scale-out prediction ------------------------------------------------------------------
@@ -339,14 +347,21 @@ def main() -> None:
     parser.add_argument("--rate", help="every model's link rate (tc's units, 1gbit) instead of its own (STUDIES)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take")
     parser.add_argument("--json", type=Path, default=RESULTS / "gradient_comm_vcluster.json")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the runs and calibrations --json holds (a partial file) and run the rest")
     args = parser.parse_args()
     from tabulate import tabulate
 
     load, started = Load(), time.time()
     log = lambda text: print(time.strftime("%H:%M:%S ") + text, flush=True)  # noqa: E731
+    earlier = json.loads(args.json.read_text()) if args.resume and args.json.exists() else {}
     studies = {}
+
+    def save(result: dict) -> None:  # a partial file after every run: --resume goes on from it
+        studies[result["model"]] = result
+        args.json.write_text(json.dumps({"partial": True, "studies": studies}, indent=1))
     for model in args.models.split(","):
-        studies[model] = study(model, args, log)
+        studies[model] = study(model, args, log, earlier.get("studies", {}).get(model), save)
         by_key = {}
         for r in studies[model]["runs"]:
             by_key.setdefault(r["key"], []).append(r)
