@@ -52,6 +52,9 @@ Prints the table (predicted vs measured, ratio) and the goals, and writes every 
 (default benchmarks/results/predict_check_4ranks.json) with the load average before and after.
 
     python benchmarks/predict_check.py [--models wide_mlp,cnn] [--repeats 3] [--quick] [--json FILE]
+
+``--vcluster RATE``: the same question on the virtual cluster, real runs on 2 and 4 nodes with links
+of RATE, wide_mlp, lenet and resnet18 on Fashion-MNIST (goal +-15%): ``predict_check_vcluster.py``.
 """
 from __future__ import annotations
 
@@ -199,6 +202,14 @@ def main() -> None:
     parser.add_argument("--timeout", type=float, default=600, help="seconds one run may take")
     parser.add_argument("--quick", action="store_true", help="wide_mlp only, 1 repeat, 30 profile repetitions")
     parser.add_argument("--json", help="where the JSON goes (default benchmarks/results/predict_check_<ranks>ranks.json)")
+    parser.add_argument("--vcluster", metavar="RATE", help="the virtual-cluster mode instead: real runs on N nodes "
+                                                           "with links of RATE (benchmarks/predict_check_vcluster.py "
+                                                           "and its options: --nodes, --models, --configs, ...)")
+    known, _ = parser.parse_known_args()
+    if known.vcluster:
+        import predict_check_vcluster
+        predict_check_vcluster.main(sys.argv[1:])
+        return
     args = parser.parse_args()
     if args.quick:
         args.models, args.repeats, args.profile_repeats = "wide_mlp", 1, 30

@@ -150,6 +150,23 @@ def test_lockstep_profiles_measure_the_ranks_skew():
         profile_step("mlp", 8, lockstep=True, **FAST)
 
 
+def test_profiles_taken_before_and_after_a_run_average_every_time():
+    def made(scale):
+        layers = [LayerProfile("0:Linear", 10, 1e-3 * scale, 2e-3 * scale, (8, 2)),
+                  LayerProfile("2:Linear", 3, 3e-3 * scale, 4e-3 * scale, (3,))]
+        return StepProfile("mlp", "digits", 8, layers, 5e-4 * scale, {"fp16": 1e-4 * scale}, 0.1 * scale, 2,
+                           "mean", 5, 2e-4 * scale, True, 0.01 * scale)
+    mean = made(1).mean_with(made(3))
+    assert [(l.forward_s, l.backward_s) for l in mean.layers] == [pytest.approx((2e-3, 4e-3)), pytest.approx((6e-3, 8e-3))]
+    assert [l.tensors for l in mean.layers] == [(8, 2), (3,)] and mean.processes == 2 and mean.lockstep
+    assert (mean.update_s, mean.wire_cast_s["fp16"], mean.evaluate_s, mean.skew_s, mean.pause_s) == pytest.approx(
+        (1e-3, 2e-4, 0.2, 4e-4, 0.02))
+    other = made(1)
+    other.layers[1] = LayerProfile("2:Linear", 3, 1.0, 1.0, (2, 1))
+    with pytest.raises(LayerProfileError, match="same model, batch_size and layers"):
+        made(1).mean_with(other)
+
+
 def test_profiling_processes_run_in_sessions_of_their_own_and_pause_like_waiting_ranks():
     # each process its own session, as each rank under mpiexec (the scheduler shares a busy
     # machine between sessions first); before every lock-step meeting (warm-up and timed

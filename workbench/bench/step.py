@@ -18,13 +18,12 @@ running untimed ones until every process has finished, so the load is N processe
 The layer times are the mean over processes of each process's statistic (default ``mean`` here:
 see :mod:`workbench.bench.layers` on time-slicing).
 
-Each process runs in a session of its own (``os.setsid``), as every rank under MPICH's
-``mpiexec`` does (each with its rank guard): where Linux groups the scheduling by session (``/proc/sys/kernel/sched_autogroup_enabled``,
-on here), the cores are shared between sessions first and between a session's processes second,
-so N processes of one session would get one share of a busy machine where N ranks get N (on the
-virtual cluster, with 18 other busy processes on the 2 cores, two such processes took 136 ms per
-lenet step, with the pauses below, where the ranks' own compute took 53 ms). Each process's answer
-names its session (``per_process[i]["session"]``) and the seconds it paused (``"paused_s"``).
+Each process runs in a session of its own (``os.setsid``), as every rank (with its guard) under
+MPICH's ``mpiexec`` does: where Linux groups the scheduling by session (autogroup, on here), a
+busy machine's cores are shared between sessions first, so N processes of one session would get
+one share where N ranks get N (on the virtual cluster, 18 other busy processes on the 2 cores,
+two such processes took 136 ms per lenet step, with the pauses below, where the ranks' compute
+took 53 ms). Each answer names its session (``per_process[i]["session"]``) and ``"paused_s"``.
 
 **Lock-step** (``lockstep=True``, with ``processes=N``): every repetition starts at a barrier
 whose waiters spin (``os.sched_yield`` between looks, as a rank waiting in MPI keeps polling),
@@ -41,8 +40,8 @@ same rhythm as the run: compute, wait, compute. Give it the step's predicted com
 On cores shared with other work the rhythm changes the compute: on the virtual cluster at 200
 Mbit/s, with about 20 other busy processes on the 2 cores, two processes profiling lenet took
 47.5 ms per step back to back and 76.5 ms with 28.9 ms pauses, against 74-76 ms of compute in the
-runs' traces (wide_mlp: 141 and 173 ms, against 151-159 ms). Which part is the scheduler's and
-which the caches' (other processes run during the pause) these runs do not separate.
+runs' traces (wide_mlp: 141 and 173 ms, against 151-159 ms); scheduler or caches, these runs do
+not separate.
 
 torch is imported here (this is ``workbench.bench``, not ``workbench.netsim``).
 """
@@ -208,6 +207,22 @@ class StepProfile:
                                      for l in self.layers],
                        update_s=self.update_s * factor, wire_cast_s={k: v * factor for k, v in self.wire_cast_s.items()},
                        evaluate_s=self.evaluate_s * factor, skew_s=self.skew_s * factor, per_process=[])
+
+    def mean_with(self, *others: "StepProfile") -> "StepProfile":
+        """The mean of this profile and ``others`` (the same model, batch and layers, measured at
+        other times): every time averaged; e.g. profiles taken before and after a run, so that a
+        load that drifts while it runs is averaged in. LayerProfileError if they differ."""
+        every = (self, *others)
+        if any((o.model, o.batch_size, [(l.name, l.tensors) for l in o.layers])
+               != (self.model, self.batch_size, [(l.name, l.tensors) for l in self.layers]) for o in others):
+            raise LayerProfileError("profiles to average must be of the same model, batch_size and layers")
+        mean = statistics.fmean
+        layers = [replace(l, forward_s=mean(o.layers[k].forward_s for o in every),
+                          backward_s=mean(o.layers[k].backward_s for o in every)) for k, l in enumerate(self.layers)]
+        return replace(self, layers=layers, update_s=mean(o.update_s for o in every),
+                       wire_cast_s={d: mean(o.wire_cast_s[d] for o in every) for d in self.wire_cast_s},
+                       evaluate_s=mean(o.evaluate_s for o in every), skew_s=mean(o.skew_s for o in every),
+                       pause_s=mean(o.pause_s for o in every), per_process=[])
 
     def to_dict(self) -> dict:
         out = asdict(self)   # the layers too

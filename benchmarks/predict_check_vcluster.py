@@ -1,0 +1,343 @@
+"""``predict_check.py --vcluster RATE``: the scale-out predictor against real multi-node runs. Its
+step time for ``sync-sgd`` on the virtual cluster (one rank per node, a switch, every port shaped to
+RATE) against the measured one, for wide_mlp, lenet and resnet18 on Fashion-MNIST at 2 and 4 nodes
+(goal: within +-15%).
+
+Per node count: a virtual cluster (``VirtualCluster(NAME, nodes, "switch", RATE)``, always taken
+down) and the kernel's one-way latency on it (:func:`workbench.vcluster.probe.one_way_latency`:
+half a TCP ping-pong's round trip between two nodes). The network model is
+:func:`workbench.netsim.costs.tcp_link`: each rank its own link of RATE x TCP's payload share
+(1448 of every 1514 bytes) and a latency per ring step. Then, per repeat and model, measured one
+right after the other (the machine is shared: the background load moves between them):
+
+1. **latency under load**: a 4 KiB ring all-reduce on the cluster's ranks (30 repetitions, mean) over
+   its 2(N-1) steps: the per-step latency MPI ranks meet now (the ping-pong's 20-35 us is the
+   kernel's; ranks on cores shared with other busy processes wait for the scheduler at every step,
+   5-10 ms at load 20). The network model: ``tcp_link(RATE, that latency)``.
+2. **profile** (:func:`workbench.bench.step.profile_step`, ``processes=nodes, lockstep=True``): the
+   layers' forward and backward, the update, measured by as many processes as the cluster has ranks,
+   all at once on this machine's cores, each in a session of its own as each rank is, meeting at a
+   spinning barrier before every step as the ranks meet at the all-reduce, and before it yielding
+   the CPU for the step's predicted communication time (``pause_s``), as a rank waits for its
+   all-reduce (``--no-pause``: back to back); ``skew_s`` is the slowest one's extra time per step.
+   The nodes of the virtual cluster are namespaces: their ranks share the same cores, so this is
+   their compute.
+3. **measurement**: ``sync-sgd`` through :func:`workbench.runtime.launch.batch.train` with
+   ``vcluster=vc, ppn=1``, ``collective="ring"``, telemetry on; the step time is the run's steady
+   state from its trace (:func:`workbench.telemetry.steady_step_seconds`: from the start of step
+   ``SKIP`` to the start of the last, so neither the first connections nor the final evaluation
+   are in it).
+4. 1 and 2 again, right after the run: the other jobs on the machine come and go within minutes.
+5. **prediction** (:func:`workbench.netsim.predict.predict`, ring all-reduce) from the mean of the
+   two profiles (:meth:`~workbench.bench.step.StepProfile.mean_with`) and of the two latencies,
+   with the skew (``lockstep``: the goal's variant); the same from the inputs before the run alone
+   (``before_only``), with the kernel's latency (``ping_latency``), without the skew (``no_skew``).
+   A ratio is prediction / measurement per pair, then the median over pairs.
+
+Data: the first ``steps x nodes x batch`` training rows of Fashion-MNIST (and ``TEST_ROWS`` test
+rows), written as an ``.npz`` in the cluster's shared folder, so each run is one epoch of exactly
+``steps`` steps per rank (resnet18 takes ~65 ms per sample forward and backward on one core here).
+
+    python benchmarks/predict_check.py --vcluster 200mbit [--nodes 2,4] [--models wide_mlp,lenet,resnet18]
+        [--repeats 2] [--configs dense] [--quick] [--json FILE]
+
+Writes benchmarks/results/predict_check_vcluster.json (every profile, prediction and run, the
+machine and its load) and prints the ratio table. Root only (namespaces).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from predict_check import CONFIGS, trace_breakdown
+
+RESULTS = Path(__file__).resolve().parent / "results"
+#: model -> (batch per rank, steps per run, profile repetitions): each run a few seconds to a few
+#: minutes on the shared 2 cores
+PLANS = {"wide_mlp": (32, 50, 40), "lenet": (32, 100, 40), "resnet18": (8, 14, 5), "mlp": (32, 20, 10)}
+#: steps left out at the start of each run (connections, first allocations)
+SKIP = 3
+TOLERANCE = 0.15
+TEST_ROWS = 50
+#: prediction variants: (network latency, skew term); the first is the goal's
+VARIANTS = {"lockstep": ("bracket", "mpi", True), "before_only": ("before", "mpi_before", True),
+            "ping_latency": ("bracket", "ping", True), "no_skew": ("bracket", "mpi", False)}
+VARIANT_LABELS = {"lockstep": "lock-step profile + skew, MPI latency under load, both the mean of before and after the run",
+                  "before_only": "the same from the profile and latency before the run only",
+                  "ping_latency": "the kernel's latency (TCP ping-pong) instead of MPI's",
+                  "no_skew": "no skew term"}
+#: the message of the latency probe: small enough that its bandwidth term is a few percent
+PROBE_BYTES = 4096
+
+
+def parse(argv) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vcluster", required=True, metavar="RATE", help="every link's rate (tc units: 200mbit)")
+    parser.add_argument("--nodes", default="2,4", help="comma-separated node counts (one rank per node)")
+    parser.add_argument("--models", default="wide_mlp,lenet,resnet18")
+    parser.add_argument("--configs", default="dense", help=f"of {', '.join(c[0] for c in CONFIGS)}")
+    parser.add_argument("--repeats", type=int, default=2, help="pairs (inputs, run, inputs) per model and node count")
+    parser.add_argument("--no-pause", dest="pause", action="store_false",
+                        help="profile back to back, without yielding for the predicted communication between steps")
+    parser.add_argument("--name", default=f"p{os.getpid() % 10000}", help="the clusters' name prefix")
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take")
+    parser.add_argument("--quick", action="store_true", help="1 repeat, a third of the steps and profile repetitions")
+    parser.add_argument("--json", type=Path, default=RESULTS / "predict_check_vcluster.json")
+    args = parser.parse_args(argv)
+    args.nodes = [int(n) for n in args.nodes.split(",")]
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in args.models if m not in PLANS]
+    if unknown:
+        parser.error(f"--models: {unknown[0]!r} has no plan; one of {', '.join(PLANS)}")
+    configs = {c[0]: c for c in CONFIGS}
+    args.configs = [configs[c] for c in args.configs.split(",") if c in configs] or parser.error(
+        f"--configs: one or more of {', '.join(configs)}")
+    if args.quick:
+        args.repeats = 1
+    return args
+
+
+def plan(args, model: str) -> tuple[int, int, int]:
+    """(batch per rank, steps per run, profile repetitions) of ``model``."""
+    batch, steps, repeats = PLANS[model]
+    return (batch, max(SKIP + 4, steps // 3), max(3, repeats // 3)) if args.quick else (batch, steps, repeats)
+
+
+def fashion_subset(folder: Path, rows: int) -> Path:
+    """The first ``rows`` training rows and :data:`TEST_ROWS` test rows of Fashion-MNIST as an .npz."""
+    from workbench import data
+    path = folder / f"fashion-mnist-{rows}.npz"
+    if not path.exists():
+        full = data.load("fashion-mnist")
+        data.save_arrays(path, full.X_train[:rows].numpy(), full.y_train[:rows].numpy(),
+                         full.X_test[:TEST_ROWS].numpy(), full.y_test[:TEST_ROWS].numpy())
+    return path
+
+
+def mpi_latency(vc, rate_bits: float, folder: Path, timeout: float) -> dict:
+    """Seconds per ring step that MPI ranks on ``vc`` see now: a :data:`PROBE_BYTES` ring all-reduce
+    (``workbench.bench.allreduce``, one rank per node, 30 repetitions, mean) over its 2(N-1) steps,
+    less each step's bandwidth term. Ranks that busy-wait in MPI on cores shared with other work
+    pay the scheduler's delay at every step; a blocking TCP ping-pong does not (the kernel wakes a
+    sleeper at once), so this is the latency a run's all-reduce meets on a loaded machine."""
+    from workbench.netsim.costs import TCP_PAYLOAD_SHARE
+    from workbench.runtime.launch.mpiexec import run_mpi
+    path = folder / f"latency-{time.time_ns()}.json"
+    run_mpi(vc.nodes, ["-m", "workbench.bench.allreduce", "--sizes", str(PROBE_BYTES), "--algorithms", "ring",
+                       "--no-gloo", "--repetitions", "30", "--warmup", "3", "--json", str(path)],
+            timeout=timeout, cwd=Path(__file__).resolve().parent.parent, **vc.run_options(vc.nodes))
+    (row,) = json.loads(path.read_text())["results"]
+    steps = 2 * (vc.nodes - 1)
+    transfer = PROBE_BYTES / vc.nodes / (rate_bits / 8 * TCP_PAYLOAD_SHARE)
+    return {"latency_s": max(row["mean_s"] / steps - transfer, 0.0), "probe": row, "load_1min": os.getloadavg()[0]}
+
+
+def communication_seconds(model: str, nodes: int, network, options: dict) -> float:
+    """The predicted seconds of one step's communication alone (every layer's compute zero): what a
+    rank waits for each step, the profile's pause."""
+    import torch
+    from workbench import models
+    from workbench.bench.layers import parameterised_layers
+    from workbench.netsim.predict import predict
+    from workbench.netsim.profile import LayerProfile
+    torch.manual_seed(0)
+    layers = []
+    for name, module in parameterised_layers(models.build(model, 28 * 28, 10)):
+        tensors = tuple(p.numel() for p in module.parameters(recurse=False) if p.requires_grad)
+        layers.append(LayerProfile(name, sum(tensors), 0.0, 0.0, tensors))
+    return predict(layers, nodes, network, options).step_s
+
+
+def predictions(profiles: dict, nodes: int, networks: dict, options: dict) -> dict:
+    """Each variant of :data:`VARIANTS`: the predicted step, compute, communication (seconds)."""
+    from workbench.netsim.predict import predict
+    out = {}
+    for variant, (which, network, with_skew) in VARIANTS.items():
+        profile = profiles[which]
+        skew = profile.skew_s if with_skew else 0.0
+        p = predict(profile.layers, nodes, networks[network], options, update_s=profile.update_s, skew_s=skew)
+        out[variant] = {"step_s": p.step_s, "compute_s": p.compute_s, "comm_s": p.comm_s,
+                        "exposed_comm_s": p.exposed_comm_s, "skew_s": skew, "latency_s": networks[network].latency,
+                        "wire_bytes": p.wire_bytes, "messages": p.messages}
+    return out
+
+
+def measure(vc, model: str, dataset: Path, batch: int, options: dict, run_dir: Path, timeout: float) -> dict:
+    """One ``sync-sgd`` run on ``vc``, one rank per node: its steady step time and breakdown."""
+    from workbench.config import RunConfig
+    from workbench.runtime.launch.batch import train
+    from workbench.telemetry import steady_step_seconds
+    cfg = RunConfig(algorithm="sync-sgd", ranks=vc.nodes, model=model, dataset=str(dataset), epochs=1,
+                    batch_size=batch, collective="ring", eval_every=100_000, telemetry=True, **options)
+    load = os.getloadavg()
+    sent = vc.bytes_sent()
+    s = train(cfg, run_dir, timeout=timeout, vcluster=vc, ppn=1)
+    events = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
+    return {"step_s": steady_step_seconds(events, SKIP), "steps_per_worker": s["steps_per_worker"],
+            "wall_seconds": s["wall_seconds"], "wire_bytes_per_step": s["wire_bytes_per_step"],
+            "link_bytes": vc.bytes_sent() - sent, "trace": trace_breakdown(run_dir, skip=SKIP),
+            "final_test_accuracy": s["final_test_accuracy"], "load_average_before": load,
+            "load_average_after": os.getloadavg()}
+
+
+def inputs(args, vc, model: str, dataset: Path, options: dict, folder: Path) -> tuple[dict, object]:
+    """What a prediction needs, measured now: the MPI latency (:func:`mpi_latency`) and the profile of
+    ``vc.nodes`` processes at once, pausing for the communication that latency predicts."""
+    from workbench.bench.step import profile_step
+    from workbench.netsim.costs import tcp_link
+    from workbench.vcluster.plan import parse_rate
+    rate = parse_rate(args.vcluster)
+    batch, _, profile_repeats = plan(args, model)
+    latency = mpi_latency(vc, rate, folder, args.timeout)
+    pause = communication_seconds(model, vc.nodes, tcp_link(rate, latency["latency_s"]), options) if args.pause else 0.0
+    load = os.getloadavg()
+    profile = profile_step(model, batch, dataset=str(dataset), processes=vc.nodes, lockstep=True, pause_s=pause,
+                           repeats=profile_repeats, warmup=2, wire_dtypes=(), ranks=vc.nodes, timeout=args.timeout)
+    latency.update(profile=profile.to_dict(), load_average_before=load, load_average_after=os.getloadavg())
+    return latency, profile
+
+
+def pair(args, vc, ping: float, model: str, config: tuple, folder: Path, repeat: int) -> dict:
+    """The MPI latency and a profile of ``vc.nodes`` processes at once, the run, the same two again;
+    the predictions from their means (and from the first alone). ``ping``: the kernel's one-way
+    latency on ``vc`` (seconds)."""
+    from workbench.netsim.costs import tcp_link
+    from workbench.vcluster.plan import parse_rate
+    rate = parse_rate(args.vcluster)
+    batch, steps, _ = plan(args, model)
+    dataset = fashion_subset(folder, steps * vc.nodes * batch)
+    key, _, options = config
+    before, profile_before = inputs(args, vc, model, dataset, options, folder)
+    run = measure(vc, model, dataset, batch, options, folder / f"{model}-{key}-{repeat}", args.timeout)
+    after, profile_after = inputs(args, vc, model, dataset, options, folder)
+    latency = (before["latency_s"] + after["latency_s"]) / 2
+    networks = {"mpi": tcp_link(rate, latency), "mpi_before": tcp_link(rate, before["latency_s"]),
+                "ping": tcp_link(rate, ping)}
+    profiles = {"bracket": profile_before.mean_with(profile_after), "before": profile_before}
+    row = {"model": model, "nodes": vc.nodes, "config": key, "repeat": repeat, "batch_size": batch, "steps": steps,
+           "before": before, "after": after, "run": run,
+           "predictions": predictions(profiles, vc.nodes, networks, options)}
+    row["ratio"] = {v: row["predictions"][v]["step_s"] / run["step_s"] for v in VARIANTS}
+    p = row["predictions"]["lockstep"]
+    print(f"{vc.nodes} nodes {model} {key} #{repeat}: measured {run['step_s'] * 1e3:.1f} ms/step, predicted "
+          f"{p['step_s'] * 1e3:.1f} (ratio {row['ratio']['lockstep']:.2f}; compute {p['compute_s'] * 1e3:.1f} + skew "
+          f"{p['skew_s'] * 1e3:.1f}, comm {p['comm_s'] * 1e3:.1f} at {latency * 1e6:.0f} us per step; before only: "
+          f"{row['ratio']['before_only']:.2f}, ping latency: {row['ratio']['ping_latency']:.2f}); load "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+    return row
+
+
+def on_cluster(args, nodes: int, scratch: Path, into: dict, save) -> None:
+    """Every pair for ``nodes`` nodes on one virtual cluster, brought up here and always taken down;
+    the cluster's figures go ``into`` the report, which ``save()`` writes after each pair."""
+    from workbench.netsim.costs import tcp_link
+    from workbench.vcluster import VirtualCluster
+    from workbench.vcluster.plan import parse_rate
+    from workbench.vcluster.probe import one_way_latency
+    folder = scratch / f"n{nodes}"
+    vc = VirtualCluster(f"{args.name}n{nodes}"[:8], nodes, "switch", args.vcluster, shared=folder)
+    try:
+        vc.up()
+        ping = one_way_latency(vc)
+        network = tcp_link(parse_rate(args.vcluster), ping)
+        print(f"\n{nodes} nodes on a switch at {args.vcluster}: one-way latency {ping * 1e6:.0f} us (TCP ping-pong); "
+              f"{network.describe()}", flush=True)
+        into.update(one_way_latency_s=ping, network=network.describe(), bandwidth_Bps=network.bandwidth, rows=[])
+        for repeat in range(args.repeats):
+            for model in args.models:
+                for config in args.configs:
+                    into["rows"].append(pair(args, vc, ping, model, config, folder, repeat))
+                    save()
+    finally:
+        vc.down()
+
+
+def summarise(report: dict) -> tuple[list, list]:
+    """The table (one row per model x nodes x configuration) and the goals. A ratio is the median
+    over pairs of (prediction / the run right after it): each prediction is judged against the run
+    measured under the same load; step times are medians over pairs."""
+    table, goals = [], []
+    median = statistics.median
+    for nodes, cluster in report["clusters"].items():
+        groups: dict = {}
+        for row in cluster["rows"]:
+            groups.setdefault((row["model"], row["config"]), []).append(row)
+        for (model, key), rows in groups.items():
+            measured = median(r["run"]["step_s"] for r in rows)
+            predicted = {v: median(r["predictions"][v]["step_s"] for r in rows) for v in VARIANTS}
+            ratio = {v: median(r["ratio"][v] for r in rows) for v in VARIANTS}
+            within = abs(ratio["lockstep"] - 1) <= TOLERANCE
+            traces = [r["run"]["trace"] for r in rows if r["run"]["trace"]]
+            part = lambda name: median(r["predictions"]["lockstep"][name] for r in rows)  # noqa: E731
+            table.append({"model": model, "nodes": int(nodes), "config": key, "batch_size": rows[0]["batch_size"],
+                          "measured_s": measured, "measured_runs_s": [r["run"]["step_s"] for r in rows],
+                          **{f"{v}_s": predicted[v] for v in VARIANTS}, **{f"{v}_ratio": ratio[v] for v in VARIANTS},
+                          "ratios_per_pair": [r["ratio"]["lockstep"] for r in rows],
+                          "predicted_compute_s": part("compute_s"), "predicted_skew_s": part("skew_s"),
+                          "predicted_comm_s": part("comm_s"), "mpi_latency_s": part("latency_s"),
+                          "measured_compute_s": median(t["compute"] for t in traces) if traces else None,
+                          "load_1min": [r["run"]["load_average_before"][0] for r in rows], "within": within})
+            if key == "dense":
+                goals.append({"goal": f"{model}, {nodes} nodes: predicted step time within +-{TOLERANCE:.0%} of the "
+                                      "measured", "measured": f"predicted/measured {ratio['lockstep']:.2f} "
+                                      f"({predicted['lockstep'] * 1e3:.1f} vs {measured * 1e3:.1f} ms)", "met": within})
+    return table, goals
+
+
+def print_table(report: dict) -> None:
+    from tabulate import tabulate
+    ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"  # noqa: E731
+    print(f"\npredicted vs measured step time: sync-sgd, ring, one rank per node on a switch at {report['rate']} "
+          f"(the nodes share {report['machine']['cpus']} cores); medians over {report['repeats']} profile + run "
+          f"pair(s); load average {report['load_average']['before'][0]:.1f} before, "
+          f"{report['load_average']['after'][0]:.1f} after")
+    print(tabulate([[r["model"], r["nodes"], r["config"], r["batch_size"], ms(r["measured_s"]), ms(r["lockstep_s"]),
+                     f"{r['lockstep_ratio']:.2f}", ", ".join(f"{x:.2f}" for x in r["ratios_per_pair"]),
+                     f"{r['before_only_ratio']:.2f}", f"{r['ping_latency_ratio']:.2f}", f"{r['no_skew_ratio']:.2f}", ms(r["predicted_compute_s"]),
+                     ms(r["predicted_skew_s"]), ms(r["measured_compute_s"]), ms(r["predicted_comm_s"]),
+                     f"{r['mpi_latency_s'] * 1e3:.2f}", ", ".join(f"{x:.1f}" for x in r["load_1min"]),
+                     "yes" if r["within"] else "NO"] for r in report["table"]],
+                   headers=["model", "nodes", "config", "batch", "measured ms", "predicted ms", "ratio",
+                            "ratio per pair", "ratio, before only", "ratio, ping latency", "ratio, no skew", "pred compute", "pred skew",
+                            "meas compute", "pred comm", "MPI latency ms", "load (1 min)", f"+-{TOLERANCE:.0%}"]))
+    print("ratio = median over pairs of predicted / measured (" + "; ".join(f"{v}: {VARIANT_LABELS[v]}" for v in VARIANTS) + ")")
+    print()
+    print(tabulate([[g["goal"], g["measured"], "met" if g["met"] else "NOT met"] for g in report["goals"]],
+                   headers=["goal", "measured", ""]))
+
+
+def main(argv=None) -> None:
+    from workbench.bench.machine import Load, describe
+    args = parse(argv)
+    load, started = Load(), time.time()
+    scratch = Path(tempfile.mkdtemp(prefix="wb-predict-vc-", dir="/var/tmp"))
+    report = {"rate": args.vcluster, "topology": "switch", "ppn": 1, "collective": "ring", "skip_steps": SKIP,
+              "profile_pause": args.pause,
+              "repeats": args.repeats, "tolerance": TOLERANCE, "dataset": "fashion-mnist (first rows: see each row)",
+              "plans": {m: dict(zip(("batch_size", "steps", "profile_repeats"), plan(args, m))) for m in args.models},
+              "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)), "clusters": {}}
+    partial = args.json.with_suffix(".partial.json")   # every pair so far, in case the run is cut short
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        for nodes in args.nodes:
+            report["clusters"][str(nodes)] = {}
+            on_cluster(args, nodes, scratch, report["clusters"][str(nodes)],
+                       lambda: partial.write_text(json.dumps(report, indent=1, default=str)))
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    report["table"], report["goals"] = summarise(report)
+    report.update(machine=describe(), load_average=load.done(), total_seconds=time.time() - started)
+    print_table(report)
+    args.json.write_text(json.dumps(report, indent=1, default=str))
+    partial.unlink(missing_ok=True)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
