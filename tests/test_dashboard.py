@@ -162,9 +162,11 @@ def test_a_redraw_that_raises_is_logged_and_shown_in_the_status_line(sync_run, m
 def test_the_accuracy_line_says_whose_weights_were_evaluated():
     from workbench.dashboard.figures import loss_traces
     history = history_frame([{"kind": "eval", "rank": 0, "t": 0.5, "test_accuracy": 0.5}])
-    names = {a: loss_traces(history, a)[-1]["name"] for a in ("sync-easgd", "async-sgd", "sync-sgd")}
+    names = {a: loss_traces(history, a)[-1]["name"] for a in ("sync-easgd", "async-sgd", "sync-sgd", "diloco",
+                                                                  "streaming-diloco", "local-sgd")}
     assert names == {"sync-easgd": "test accuracy (center)", "async-sgd": "test accuracy (master's weights)",
-                     "sync-sgd": "test accuracy (model)"}
+                     "sync-sgd": "test accuracy (model)", "diloco": "test accuracy (outer model)",
+                     "streaming-diloco": "test accuracy (outer model)", "local-sgd": "test accuracy (averaged model)"}
 
 
 def test_the_sweep_panel_sweeps_gradient_communication_options(tmp_path):
@@ -186,6 +188,22 @@ def test_the_sweep_panel_sweeps_gradient_communication_options(tmp_path):
     panel.fusion.value = "lots"
     with pytest.raises(ConfigError, match="fusion bytes: must be 0 \\(one message per tensor\\), inf or none"):
         panel.build()
+
+
+def test_the_sweep_panel_sweeps_the_period_of_each_family(tmp_path):
+    """tau is the EASGD family's period, sync_every the descendants': each algorithm keeps its own."""
+    from types import SimpleNamespace
+
+    from workbench.dashboard.sweep_panel import SweepPanel
+    from workbench.store import Store
+    panel = SweepPanel(SimpleNamespace(n=4), store=Store(tmp_path / "panel.sqlite"))
+    assert {"local-sgd", "diloco", "streaming-diloco"} <= set(panel.algorithms.options)
+    panel.algorithms.value = ("sync-easgd", "diloco")
+    panel.tau.value = "1, 4"
+    panel.sync_every.value = "10, 50"
+    panel.seeds.value = "0"
+    points = {(c.algorithm, c.tau, c.sync_every) for _, c in panel.build().points}
+    assert points == {("sync-easgd", 1, 10), ("sync-easgd", 4, 10), ("diloco", 1, 10), ("diloco", 1, 50)}
 
 
 def test_buckets_in_flight_get_rows_and_the_status_line_shows_bytes_on_the_wire(tmp_path):

@@ -17,15 +17,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_the_registry_loads_without_torch_or_mpi():
     code = ("import sys\nfrom workbench.optim.registry import ALGORITHMS\nimport workbench as wb\n"
-            "assert len(wb.algorithms()) == 9 and ALGORITHMS['easgd'].master_based\n"
+            "assert len(wb.algorithms()) == 12 and ALGORITHMS['easgd'].master_based\n"
             "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'mpi4py'))\nassert not bad, bad\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
 
-def test_the_nine_algorithms_of_the_design_in_the_papers_order():
+def test_the_algorithms_of_the_design_in_the_papers_order_then_the_descendants():
     assert list(algorithms()) == ["sync-sgd", "async-sgd", "async-msgd", "hogwild-sgd", "easgd", "async-easgd",
-                                  "async-measgd", "hogwild-easgd", "sync-easgd"]
+                                  "async-measgd", "hogwild-easgd", "sync-easgd", "local-sgd", "diloco", "streaming-diloco"]
 
 
 @pytest.mark.parametrize("name", list(ALGORITHMS))
@@ -51,7 +51,8 @@ def test_the_master_based_classes_carry_the_differences():
 def test_no_algorithm_name_is_compared_outside_the_registry():
     names = "|".join(re.escape(n) for n in ALGORITHMS)
     compared = re.compile(rf"""(==|!=|startswith\()\s*["']({names}|hogwild|async|sync)""")
-    for path in ("workbench/optim/master.py", "workbench/optim/sync.py", "workbench/runtime/rank/worker.py"):
+    for path in ("workbench/optim/master.py", "workbench/optim/sync.py", "workbench/optim/periodic.py",
+                 "workbench/runtime/rank/worker.py"):
         text = (ROOT / path).read_text()
         assert not compared.search(text), path
         assert not re.search(rf"""\{{\s*["']({names})["']\s*:""", text), f"{path}: a name -> class map"
@@ -65,6 +66,21 @@ def test_an_option_is_refused_exactly_when_the_entry_does_not_use_it(name):
     refused = {option for option, _ in ignored_options(name, set_values)}
     assert refused == {option for option in set_values if not spec.uses(option)}
     assert "fusion_bytes" not in refused  # every algorithm can send one message per tensor
+
+
+PERIODIC_OPTIONS = ("sync_every", "warmup_steps", "inner_optimizer", "weight_decay")
+OUTER_OPTIONS = ("outer_lr", "outer_momentum", "nesterov", "outer_wire_dtype")
+STREAMING_OPTIONS = ("fragments", "sync_delay", "fragment_alpha")
+
+
+def test_options_of_the_descendants():
+    uses = {name: set(s.options) for name, s in ALGORITHMS.items()}
+    assert uses["local-sgd"] == {"collective", "momentum", *PERIODIC_OPTIONS}
+    assert uses["diloco"] == {"collective", "momentum", *PERIODIC_OPTIONS, *OUTER_OPTIONS}
+    assert uses["streaming-diloco"] == {"collective", "momentum", *PERIODIC_OPTIONS, *OUTER_OPTIONS,
+                                        *STREAMING_OPTIONS}
+    assert not any(set(PERIODIC_OPTIONS) & uses[name] for name, s in ALGORITHMS.items() if s.periodic is None)
+    assert not ALGORITHMS["diloco"].reduces_gradients and not ALGORITHMS["diloco"].uses("tau")
 
 
 def test_options_of_the_families():
@@ -84,7 +100,8 @@ def test_each_option_is_declared_once_with_what_every_reader_needs():
     for name, opt in declared.items():
         assert opt.name == name and opt.help, name
         assert opt.flag is None or opt.flag == "--" + name.replace("_", "-"), name
-    assert set(scoped()) == {"rho", "tau", "momentum", "collective", "wire_dtype", "sparse_ratio", "comm_hook"}
+    assert set(scoped()) == {"rho", "tau", "momentum", "collective", "wire_dtype", "sparse_ratio", "comm_hook",
+                             *PERIODIC_OPTIONS, *OUTER_OPTIONS, *STREAMING_OPTIONS}
     # the CLI reads them: every flag of a declared option is a flag of `workbench train`
     from workbench.cli import build_parser
     train = build_parser()._subparsers._group_actions[0].choices["train"]

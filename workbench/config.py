@@ -55,6 +55,15 @@ def scoped() -> dict[str, Option]:
 
 
 
+_PERIODIC = ("{algorithm} ignores {name}={value!r}; leave it unset ({name} applies to the periodic-averaging "
+             "algorithms: {users})")
+_OUTER = "{algorithm} has no outer optimizer and ignores {name}={value!r}; leave it unset (it applies to {users})"
+_STREAMING = "{algorithm} syncs all parameters at once and ignores {name}={value!r}; leave it unset (it applies to {users})"
+#: the inner optimizers of the periodic-averaging algorithms, and AdamW's default learning rate
+INNER_OPTIMIZERS = ("sgd", "adamw")
+ADAMW_LR = 1e-3
+#: the dtypes DiLoCo's outer gradients may travel in
+OUTER_WIRE_DTYPES = ("fp32", "bf16", "fp16")
 _MASTER_BASED = "{algorithm} is master-based (workers exchange with rank 0, no all-reduce), so it"
 _STRATEGY = ("{algorithm} {what}, so it cannot use {name}={value!r}; leave it unset (gradient-communication "
              "strategies apply to {users})")
@@ -87,10 +96,10 @@ class RunConfig:
                                ignored="{algorithm} has no elastic term and ignores rho={value!r}; leave rho unset "
                                        "(it applies to {users})")
     tau: int = option(1, "communication period in steps", check=integer_check(1), type=int,
-                      uses=lambda s: not s.reduces_gradients,
-                      ignored="{algorithm} all-reduces gradients every step and ignores tau={value!r}; leave it at "
-                              "1 (tau is the communication period of the EASGD family and of the master-based "
-                              "algorithms)")
+                      uses=lambda s: not s.reduces_gradients and s.periodic is None,
+                      ignored="{algorithm} ignores tau={value!r}; leave it at 1 (tau is the communication period "
+                              "of the EASGD family and of the master-based algorithms; local-sgd and the DiLoCo "
+                              "family take sync_every)")
     momentum: float | None = option(None, "momentum (default: the algorithm's)",
                                     check=number_check(lambda v: 0 <= v < 1, "in [0, 1)", optional=True), type=float,
                                     uses=lambda s: s.momentum or not s.elastic, neutral=(0,),
@@ -140,6 +149,46 @@ class RunConfig:
         uses=lambda s: s.reduces_gradients, group="gradient communication",
         ignored="{algorithm} {what}, so it cannot use comm_hook={value!r}; leave it unset (gradient hooks apply to "
                 "{users})")
+    # EASGD's descendants (workbench.optim.periodic): Local SGD, DiLoCo, Streaming DiLoCo
+    sync_every: int = option(10, "local-sgd, diloco, streaming-diloco: steps between averagings / outer steps (H)",
+                             check=integer_check(1), type=int, metavar="H", uses=lambda s: s.periodic is not None,
+                             ignored=_PERIODIC, group="periodic averaging")
+    warmup_steps: int = option(0, "the first W steps are sync-SGD (all-reduced gradients) before the periodic "
+                                  "averaging starts (local-sgd: post-local SGD)", check=integer_check(0), type=int,
+                               metavar="W", uses=lambda s: s.periodic is not None, ignored=_PERIODIC,
+                               group="periodic averaging")
+    inner_optimizer: str = option("sgd", f"the workers' optimizer between exchanges: {', '.join(INNER_OPTIMIZERS)} "
+                                         f"(adamw: lr default {ADAMW_LR:g}, betas 0.9/0.999)",
+                                  check=one_of(lambda: INNER_OPTIMIZERS), metavar="OPT",
+                                  uses=lambda s: s.periodic is not None, ignored=_PERIODIC, group="periodic averaging")
+    weight_decay: float = option(0.0, "the inner optimizer's weight decay (adamw: decoupled; sgd: added to the "
+                                      "gradient)", check=number_check(lambda v: v >= 0, ">= 0"), type=float,
+                                 uses=lambda s: s.periodic is not None, ignored=_PERIODIC, group="periodic averaging")
+    outer_lr: float = option(0.7, "diloco, streaming-diloco: the outer SGD's learning rate",
+                             check=number_check(lambda v: v > 0, "> 0"), type=float,
+                             uses=lambda s: s.outer_optimizer, ignored=_OUTER, group="periodic averaging")
+    outer_momentum: float = option(0.9, "diloco, streaming-diloco: the outer SGD's momentum",
+                                   check=number_check(lambda v: 0 <= v < 1, "in [0, 1)"), type=float,
+                                   uses=lambda s: s.outer_optimizer, ignored=_OUTER, group="periodic averaging")
+    nesterov: bool = option(True, "diloco, streaming-diloco: Nesterov momentum in the outer SGD (--no-nesterov: "
+                                  "heavy ball)", check=boolean_check, uses=lambda s: s.outer_optimizer,
+                            ignored=_OUTER, group="periodic averaging")
+    outer_wire_dtype: str = option("fp32", f"diloco, streaming-diloco: dtype of the outer gradients on the wire: "
+                                           f"{', '.join(OUTER_WIRE_DTYPES)}", check=one_of(lambda: OUTER_WIRE_DTYPES),
+                                   metavar="DTYPE", uses=lambda s: s.outer_optimizer, ignored=_OUTER,
+                                   group="periodic averaging")
+    fragments: int = option(1, "streaming-diloco: parameter fragments, each synced once per sync_every steps, "
+                               "staggered", check=integer_check(1), type=int, metavar="F",
+                            uses=lambda s: s.periodic == "streaming", ignored=_STREAMING, group="periodic averaging")
+    sync_delay: int = option(0, "streaming-diloco: inner steps a fragment's exchange overlaps before its update "
+                                "is applied (tau), < sync_every / fragments", check=integer_check(0), type=int,
+                             metavar="TAU", uses=lambda s: s.periodic == "streaming", ignored=_STREAMING,
+                             group="periodic averaging")
+    fragment_alpha: float = option(0.5, "streaming-diloco: a fragment's local weights become alpha*local + "
+                                        "(1-alpha)*outer when its update arrives (0: replaced, as DiLoCo)",
+                                   check=number_check(lambda v: 0 <= v <= 1, "in [0, 1]"), type=float, metavar="ALPHA",
+                                   uses=lambda s: s.periodic == "streaming", ignored=_STREAMING,
+                                   group="periodic averaging")
     eval_every: int = option(10, "evaluate every N steps (master: arrivals)", check=integer_check(1), type=int)
     checkpoint_every: int = option(0, "checkpoint every N steps (0: never)", check=integer_check(0), type=int)
     telemetry: bool = option(True, "record spans for the timeline (--no-telemetry: counters only)", check=boolean_check)
@@ -178,6 +227,7 @@ class RunConfig:
             raise ConfigError(f"fusion_bytes: {self.algorithm} is master-based: its workers send one message per "
                               f"exchange (fusion_bytes unset) or one per tensor (0); got {comm.fusion_bytes!r}")
         self._check_model_and_data()
+        self._check_periodic()
         self._check_failure()
 
     def _single_buffer(self, single_buffer: bool) -> None:
@@ -204,6 +254,31 @@ class RunConfig:
                                   f"{name}={value!r}; give one of them")
         return preset
 
+    def _check_periodic(self) -> None:
+        """The periodic-averaging options against each other and the model (one line each)."""
+        spec = ALGORITHMS[self.algorithm]
+        if spec.periodic is None:
+            return
+        if self.inner_optimizer == "adamw" and self.momentum is not None:
+            raise ConfigError(f"momentum: inner_optimizer='adamw' uses its betas (0.9, 0.999), not momentum "
+                              f"(got {self.momentum!r}); leave momentum unset or use inner_optimizer='sgd'")
+        if spec.periodic != "streaming":
+            return
+        if self.fragments > self.sync_every:
+            raise ConfigError(f"fragments must be <= sync_every ({self.sync_every}): each of the {self.fragments} "
+                              f"fragments syncs once every sync_every steps, at least one step apart")
+        gap = self.sync_every // self.fragments
+        if self.sync_delay >= gap:
+            raise ConfigError(f"sync_delay must be < sync_every // fragments = {gap} (one fragment in flight at a "
+                              f"time); got {self.sync_delay}")
+        if self.fragments > 1:
+            from . import data, models
+            info = data.describe(self.dataset, **self.data_sizes)
+            tensors = models.tensor_count(self.model, info.feature_shape, info.num_classes)
+            if self.fragments > tensors:
+                raise ConfigError(f"fragments must be <= the model's {tensors} parameter tensors (a fragment is a "
+                                  f"run of whole tensors); got {self.fragments}")
+
     def _check_failure(self) -> None:
         if (self.fail_rank is None) != (self.fail_step is None):
             raise ConfigError("fail_rank and fail_step go together (both set or both unset)")
@@ -219,7 +294,8 @@ class RunConfig:
         """``lr``, ``momentum`` and ``rho`` as the run uses them: the caller's, else the algorithm's
         defaults (registry) and ``rho = BETA / (p * lr)`` with ``p`` workers."""
         # not to_dict(): asdict deep-copies every field, and the update rules read this every step
-        return hyper_of({name: getattr(self, name) for name in ("algorithm", "ranks", "lr", "momentum", "rho")})
+        return hyper_of({name: getattr(self, name)
+                         for name in ("algorithm", "ranks", "lr", "momentum", "rho", "inner_optimizer")})
 
     @property
     def communication_options(self) -> Communication:
@@ -296,11 +372,14 @@ UNSET = {name: opt.default for name, opt in scoped().items()}
 
 def hyper_of(values: dict[str, Any]) -> Hyper:
     """:attr:`RunConfig.hyper` of a RunConfig's fields as a dict (``to_dict()``, a stored config):
-    the caller's ``lr``, ``momentum`` and ``rho``, else the algorithm's and ``rho = BETA / (p * lr)``."""
+    the caller's ``lr``, ``momentum`` and ``rho``, else the algorithm's and ``rho = BETA / (p * lr)``.
+    An AdamW inner optimizer (the periodic-averaging family) has its own default lr
+    (:data:`ADAMW_LR`) and no momentum (its betas)."""
     spec = ALGORITHMS[values["algorithm"]]
     workers = values["ranks"] - 1 if spec.master_based else values["ranks"]
-    lr = spec.default_lr if values.get("lr") is None else values["lr"]
-    momentum = spec.default_momentum if values.get("momentum") is None else values["momentum"]
+    adamw = spec.periodic is not None and values.get("inner_optimizer") == "adamw"
+    lr = (ADAMW_LR if adamw else spec.default_lr) if values.get("lr") is None else values["lr"]
+    momentum = (0.0 if adamw else spec.default_momentum) if values.get("momentum") is None else values["momentum"]
     rho = BETA / (workers * lr) if values.get("rho") is None else values["rho"]
     return Hyper(float(lr), float(momentum), float(rho))
 

@@ -217,6 +217,15 @@ def _check_image_model(name: str, num_features: int) -> None:
         raise ValueError(f"model {name!r} needs {what}; {num_features} features is not one")
 
 
+def tensor_count(name: str, feature_shape: tuple[int, ...], num_classes: int) -> int:
+    """How many trainable parameter tensors the model ``name`` has for this data (built on torch's
+    ``meta`` device: shapes only, no memory, no random numbers drawn)."""
+    import torch
+    with torch.device("meta"):
+        model = build(name, math.prod(feature_shape), num_classes)
+    return sum(1 for p in model.parameters() if p.requires_grad)
+
+
 class FlatParams:
     """All trainable parameters of ``module`` as views into one contiguous tensor of their dtype
     (float32 unless the module was converted).

@@ -3,6 +3,7 @@
     workbench predict --model alexnet --ranks 1,8,64,512 --fusion-bytes 0          # dense, per tensor
     workbench predict --fusion-bytes 64M --overlap --wire-dtype fp16 --sparse-ratio 0.01
     workbench predict --algorithm easgd --ranks 4,16 --tau 1
+    workbench predict --algorithm streaming-diloco --sync-every 100 --fragments 4 --sync-delay 5 --outer-wire-dtype bf16
     workbench predict --profile layers.csv --calibration benchmarks/results/allreduce_4ranks.json
     workbench predict --calibration VCLUSTER_BENCH.json --calibration-topology fully_connected:4 --ranks 64,512
 
@@ -83,7 +84,13 @@ def add_to(sub) -> None:
     p.add_argument("--sparse-ratio", type=float, default=None, help="CSC: share of chunks sent, in (0, 1]")
     p.add_argument("--sparse-chunk", type=int, default=None, help="CSC: chunk size in elements (default 64)")
     p.add_argument("--algorithm", choices=PREDICTABLE, default="sync-sgd", help="training algorithm (default sync-sgd)")
-    p.add_argument("--tau", type=int, default=1, help="EASGD: steps between exchanges (default 1)")
+    p.add_argument("--tau", "--sync-every", type=int, default=1,
+                   help="EASGD: steps between exchanges; local-sgd, diloco, streaming-diloco: sync_every (default 1)")
+    p.add_argument("--fragments", type=int, default=1, help="streaming-diloco: parameter fragments (default 1)")
+    p.add_argument("--sync-delay", type=int, default=0,
+                   help="streaming-diloco: local steps a fragment's exchange overlaps (default 0)")
+    p.add_argument("--outer-wire-dtype", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="diloco, streaming-diloco: dtype of the outer gradients on the wire (default fp32)")
     p.add_argument("--update-s", type=float, default=0.0, help="seconds of the optimizer update per step (default 0)")
     p.add_argument("--json", metavar="FILE", help="also write the prediction as JSON (keys in `workbench predict -h`)")
     p.set_defaults(func=run)
@@ -148,7 +155,8 @@ def run(args) -> int:
         ranks = args.ranks or [n for n in DEFAULT_RANKS if n > 1 or args.algorithm != "easgd"]
         options = _options(args)
         frame = scaling(layers, ranks, network, options, algorithm=args.algorithm, tau=args.tau,
-                        update_s=args.update_s)
+                        update_s=args.update_s, fragments=args.fragments, sync_delay=args.sync_delay,
+                        outer_wire_dtype=args.outer_wire_dtype)
     except (ValueError, OSError, KeyError) as exc:   # profile, network, option and prediction errors
         print(f"workbench predict: error: {exc}", file=sys.stderr)
         return 2

@@ -53,10 +53,12 @@ class SweepPanel:
         self._thread: threading.Thread | None = None
         style = {"description_width": "110px"}
         self.algorithms = w.SelectMultiple(options=list(ALGORITHMS), value=("async-easgd", "async-sgd"),
-                                           rows=9, description="algorithms", style=style)
+                                           rows=len(ALGORITHMS), description="algorithms", style=style)
         self.lr = w.Text(value="", placeholder="defaults per algorithm", description="lr values", style=style)
         self.rho = w.Text(value="", placeholder="0.9/(workers*lr)", description="rho values", style=style)
         self.tau = w.Text(value="1, 4", description="tau values", style=style)
+        # EASGD's descendants: their period (tau is the EASGD family's)
+        self.sync_every = w.Text(value="", placeholder="10", description="sync every", style=style)
         self.ranks = w.IntRangeSlider(value=(cluster.n, cluster.n), min=2, max=cluster.n, description="ranks",
                                       style=style)
         self.seeds = w.Text(value="0, 1", description="seeds", style=style)
@@ -78,7 +80,7 @@ class SweepPanel:
                                                   title="time to target accuracy"))
         self.launch.on_click(lambda _: self.start())
         self.stop_button.on_click(lambda _: self.stop())
-        controls = w.VBox([self.algorithms, self.lr, self.rho, self.tau, self.ranks, self.seeds, self.epochs,
+        controls = w.VBox([self.algorithms, self.lr, self.rho, self.tau, self.sync_every, self.ranks, self.seeds, self.epochs,
                            self.fusion, self.wire, self.sparse, self.target,
                            w.HBox([self.launch, self.stop_button])])
         self.widget = w.VBox([w.HBox([controls, w.VBox([self.progress, self.status, self.table])]),
@@ -98,6 +100,8 @@ class SweepPanel:
             grid["lr"] = _numbers(self.lr.value, float, "lr")
         if self.rho.value.strip():
             grid["rho"] = _numbers(self.rho.value, float, "rho")
+        if self.sync_every.value.strip():
+            grid["sync_every"] = _numbers(self.sync_every.value, int, "sync every")
         if self.fusion.value.strip():
             grid["fusion_bytes"] = [_fusion(part) for part in self.fusion.value.replace(";", ",").split(",")
                                     if part.strip()]
@@ -179,7 +183,7 @@ class SweepPanel:
         frame = self.sweep.results()
         if frame.empty:
             return
-        columns = [c for c in ("algorithm", "tau", "lr", "rho", "ranks", "fusion_bytes", "wire_dtype", "sparse_ratio",
+        columns = [c for c in ("algorithm", "tau", "sync_every", "lr", "rho", "ranks", "fusion_bytes", "wire_dtype", "sparse_ratio",
                                "seed", "status", "final_test_accuracy", "time_to_target", "comm_fraction",
                                "wire_bytes") if c in frame.columns]
         self.table.value = frame[columns].to_html(index=False, float_format=lambda v: f"{v:.3g}")

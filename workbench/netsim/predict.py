@@ -39,6 +39,14 @@ workers in turn sends its weights and receives the center over one link (``2 (la
 a round of N-1 exchanges takes ``P = max((N-1) E, E + tau t)`` (``t``: a local step) and a worker
 spends ``P - tau t`` of it exchanging or waiting.
 
+**EASGD's descendants** (``tau`` is their ``sync_every``, H). ``local-sgd``: every H steps one
+all-reduce of the weights (float32, fusion buckets), blocking. ``diloco``: the same for the outer
+gradient, in ``outer_wire_dtype`` (fp16/bf16: 2 bytes an element). ``streaming-diloco``: the
+parameters in ``fragments`` runs of whole tensors (:func:`workbench.optim.fragments.partition`),
+each exchanged once per H steps and overlapped with ``sync_delay`` local steps, so only what
+outlasts them is exposed. A step is ``local + exposed / H``; the final sync and the warm-up are
+outside the steady state predicted.
+
 **Outputs** (:class:`Prediction`, per rank count): ``step_s``, ``compute_s`` (forward + backward +
 update), ``comm_s`` (network busy time per step), ``exposed_comm_s`` (step - compute),
 ``comm_share`` (exposed / step), ``wire_bytes`` and ``messages`` (what one rank sends per step),
@@ -61,7 +69,10 @@ from .costs import network_model
 from .profile import LayerProfile, check_profile
 
 #: the training algorithms the predictor models
-PREDICTABLE = ("sync-sgd", "sync-easgd", "easgd")  # the training algorithms it models
+PREDICTABLE = ("sync-sgd", "sync-easgd", "easgd", "local-sgd", "diloco", "streaming-diloco")
+#: the periodic-averaging algorithms (EASGD's descendants) and the wire itemsize of their exchange
+PERIODIC = ("local-sgd", "diloco", "streaming-diloco")
+_OUTER_ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2}
 #: how MPI's native all-reduce moves one float (the fp16/bf16 overflow decision): MPICH uses
 #: recursive doubling for small messages
 DECISION_COLLECTIVE = "recursive_doubling"
@@ -163,20 +174,41 @@ def _check(ranks, algorithm: str, tau, update_s, apply_s, skew_s=0.0) -> None:
                            "do not wait for each other")
 
 
+def _check_periodic(algorithm: str, every: int, fragments, sync_delay, outer_wire_dtype, tensors: int) -> None:
+    if (fragments, sync_delay, outer_wire_dtype) == (1, 0, "fp32"):
+        return
+    if algorithm not in PERIODIC[1:]:
+        raise PredictError(f"fragments, sync_delay and outer_wire_dtype apply to diloco and streaming-diloco; got "
+                           f"algorithm={algorithm!r}")
+    if outer_wire_dtype not in _OUTER_ITEMSIZE:
+        raise PredictError(f"outer_wire_dtype must be one of {', '.join(_OUTER_ITEMSIZE)}; got {outer_wire_dtype!r}")
+    if (fragments, sync_delay) != (1, 0) and algorithm != "streaming-diloco":
+        raise PredictError("fragments and sync_delay apply to streaming-diloco")
+    if not isinstance(fragments, int) or not 1 <= fragments <= min(tensors, every):
+        raise PredictError(f"fragments must be an integer in 1..{min(tensors, every)} (parameter tensors, "
+                           f"sync_every); got {fragments!r}")
+    if not isinstance(sync_delay, int) or not 0 <= sync_delay < every // fragments:
+        raise PredictError(f"sync_delay must be an integer in 0..{every // fragments - 1} (< sync_every // "
+                           f"fragments); got {sync_delay!r}")
+
+
 def predict(profile: Sequence[LayerProfile], ranks: int, network=None, options=None, collective: str | None = None,
             algorithm: str = "sync-sgd", tau: int = 1, update_s: float = 0.0, apply_s: float = 0.0,
-            skew_s: float = 0.0, **fields) -> Prediction:
+            skew_s: float = 0.0, fragments: int = 1, sync_delay: int = 0, outer_wire_dtype: str = "fp32",
+            **fields) -> Prediction:
     """Predict one step of ``algorithm`` on ``ranks`` ranks.
 
     ``network``: a model of :mod:`~workbench.netsim.costs` (default :class:`~workbench.netsim.costs.
     AlphaBeta`: ring, 56 Gbit/s, 5 us per step) or a ``Calibration``; ``collective`` replaces its
     schedule. ``options`` and ``fields``: the gradient-communication options (:func:`communication`).
-    ``tau``: steps between EASGD exchanges; ``update_s``: seconds of the optimizer update per step;
+    ``tau``: steps between EASGD exchanges (the periodic algorithms' ``sync_every``); ``fragments``,
+    ``sync_delay``, ``outer_wire_dtype``: Streaming DiLoCo's (the last DiLoCo's too); ``update_s``: seconds of the optimizer update per step;
     ``apply_s``: seconds the EASGD master spends applying one worker's weights; ``skew_s``: the
     slowest rank's extra forward + backward seconds (see the module's text on stragglers).
     """
     layers = check_profile(profile)
     _check(ranks, algorithm, tau, update_s, apply_s, skew_s)
+    _check_periodic(algorithm, tau, fragments, sync_delay, outer_wire_dtype, len(_layout(layers)[0]))
     opts = communication(options, **fields)
     if algorithm != "sync-sgd" and (opts.sparse or opts.wire_dtype != "fp32"):
         raise PredictError(f"{algorithm} exchanges weights, not gradients: wire_dtype and sparse_ratio do not "
@@ -194,6 +226,9 @@ def predict(profile: Sequence[LayerProfile], ranks: int, network=None, options=N
     skew_s = skew_s if ranks > 1 else 0.0
     if algorithm == "sync-easgd":
         return _sync_easgd(buckets, ranks, net, opts, tau, forward + backward, update_s, skew_s)
+    if algorithm in PERIODIC:
+        return _periodic(algorithm, bounds, ranks, net, opts, tau, forward + backward + skew_s, update_s,
+                         fragments, sync_delay, outer_wire_dtype if algorithm != "local-sgd" else "fp32")
     slow = 1.0 + skew_s / (forward + backward) if forward + backward > 0 else 1.0   # the slowest rank
     ready_at, t = [0.0] * len(layers), forward
     for i in reversed(range(len(layers))):
@@ -234,6 +269,27 @@ def _sync_easgd(buckets, ranks: int, net, opts: Communication, tau: int, compute
     exchange = (max(compute + skew_s, begin) if opts.overlap else begin + compute + skew_s) + update_s
     step = (exchange + (tau - 1) * (compute + update_s)) / tau
     return _result("sync-easgd", ranks, step, compute + update_s, timeline, len(buckets), ranks, per=tau)
+
+
+def _periodic(algorithm: str, bounds, ranks: int, net, opts: Communication, every: int, compute: float,
+              update_s: float, fragments: int, sync_delay: int, wire_dtype: str) -> Prediction:
+    """Local SGD, DiLoCo, Streaming DiLoCo (see the module's text): per ``every`` steps, each
+    fragment's buckets all-reduced once, exposed beyond ``sync_delay`` local steps."""
+    from ..optim.fragments import partition
+    item, local = _OUTER_ITEMSIZE[wire_dtype], compute + update_s
+    timeline, exposed, begin, buckets = [], 0.0, 0.0, 0
+    what = "weights" if algorithm == "local-sgd" else "outer gradient"
+    for start, _, tensors in partition(bounds, fragments) if ranks > 1 else []:
+        busy = 0.0
+        for a, b, _ in bucket_bounds([(bounds[i][0] - start, bounds[i][1] - start) for i in tensors],
+                                     opts.fusion_bytes, item):
+            nbytes = (b - a) * item
+            seconds = net.allreduce(nbytes, ranks)
+            timeline.append(Message(what, buckets, nbytes, net.wire_bytes(nbytes, ranks), begin, begin + seconds))
+            begin, busy, buckets = begin + seconds, busy + seconds, buckets + 1
+        exposed += max(0.0, busy - sync_delay * local)
+    return _result(algorithm, ranks, local + exposed / every, compute + update_s, timeline, buckets, ranks,
+                   per=every)
 
 
 def _easgd(layers: Sequence[LayerProfile], ranks: int, net, tau: int, local: float, apply_s: float) -> Prediction:

@@ -1,5 +1,6 @@
 """Optimisation: pure update rules, the algorithm registry, and the implementations
-(``sync`` for lock-step algorithms, ``master`` for master-based ones).
+(``sync`` for lock-step algorithms, ``master`` for master-based ones, ``periodic`` for the
+periodic-averaging family: Local SGD, DiLoCo, Streaming DiLoCo).
 
 ``rules`` (torch) loads on first use: the registry is read by configuration checks in the
 notebook kernel and the CLI, which should not pay for importing torch.
@@ -7,6 +8,6 @@ notebook kernel and the CLI, which should not pay for importing torch.
 from ..lazy import lazy
 from .registry import ALGORITHMS, AlgorithmSpec, algorithms
 
-__getattr__, __dir__ = lazy(__name__, {name: (f".{name}", None) for name in ("rules", "sync", "master")})
+__getattr__, __dir__ = lazy(__name__, {name: (f".{name}", None) for name in ("rules", "sync", "master", "periodic", "fragments")})
 
-__all__ = ["rules", "ALGORITHMS", "AlgorithmSpec", "algorithms"]
+__all__ = ["rules", "fragments", "ALGORITHMS", "AlgorithmSpec", "algorithms"]

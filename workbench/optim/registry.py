@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from importlib import import_module
 
-_SYNC, _MASTER = "workbench.optim.sync", "workbench.optim.master"
+_SYNC, _MASTER, _PERIODIC = "workbench.optim.sync", "workbench.optim.master", "workbench.optim.periodic"
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,10 @@ class AlgorithmSpec:
             momentum worker step (MEASGD).
         default_lr, default_momentum: what ``RunConfig(lr=None, momentum=None)`` means for it
             (reach >= 0.88 test accuracy on digits, 4 ranks).
+        periodic: the periodic-averaging family (EASGD's descendants, ``workbench.optim.periodic``):
+            None for the others; ``"average"``: the workers' models are averaged every
+            ``sync_every`` steps (Local SGD); ``"outer"``: an outer optimizer steps on the averaged
+            change (DiLoCo); ``"streaming"``: the same, fragment by fragment (Streaming DiLoCo).
     """
 
     name: str
@@ -46,6 +50,7 @@ class AlgorithmSpec:
     momentum: bool
     default_lr: float
     default_momentum: float
+    periodic: str | None = None
 
     @property
     def master_based(self) -> bool:
@@ -67,7 +72,13 @@ class AlgorithmSpec:
     @property
     def reduces_gradients(self) -> bool:
         """All-reduces gradients in nonblocking buckets (the gradient-communication strategies)."""
-        return self.synchronous and not self.elastic
+        return self.synchronous and not self.elastic and self.periodic is None
+
+    @property
+    def outer_optimizer(self) -> bool:
+        """Keeps outer weights that an outer optimizer (SGD with Nesterov momentum) moves by the
+        workers' averaged change (DiLoCo, Streaming DiLoCo)."""
+        return self.periodic in ("outer", "streaming")
 
     def implementation_class(self, rank: int) -> type:
         """The class ``rank`` runs (imported now: this needs torch and mpi4py). It is built
@@ -78,9 +89,10 @@ class AlgorithmSpec:
 
 
 def _spec(name: str, description: str, implementation: str, master: str | None = None, *,
-          synchronous: bool = False, elastic: bool = False, momentum: bool = False, lr: float = 0.1) -> AlgorithmSpec:
+          synchronous: bool = False, elastic: bool = False, momentum: bool = False, lr: float = 0.1,
+          periodic: str | None = None) -> AlgorithmSpec:
     return AlgorithmSpec(name, description, implementation, master, synchronous, elastic, momentum,
-                         default_lr=lr, default_momentum=0.9 if momentum else 0.0)
+                         default_lr=lr, default_momentum=0.9 if momentum else 0.0, periodic=periodic)
 
 
 ALGORITHMS: dict[str, AlgorithmSpec] = {s.name: s for s in [
@@ -108,6 +120,16 @@ ALGORITHMS: dict[str, AlgorithmSpec] = {s.name: s for s in [
     _spec("sync-easgd", "lock-step EASGD: all-reduce of worker weights, elastic worker step "
           "and synchronous center step on every rank",
           f"{_SYNC}:SyncEASGD", synchronous=True, elastic=True),
+    # EASGD's descendants: periodic averaging, with an outer optimizer in DiLoCo
+    _spec("local-sgd", "Local SGD: sync_every local momentum-SGD steps on every worker, then the models "
+          "averaged (all-reduce); warmup_steps of sync-SGD first make it post-local SGD",
+          f"{_PERIODIC}:LocalSGD", synchronous=True, momentum=True, periodic="average"),
+    _spec("diloco", "DiLoCo: sync_every inner steps (sgd or adamw), then the outer gradient (outer weights "
+          "minus the workers' mean) all-reduced and applied by outer Nesterov SGD; workers restart from it",
+          f"{_PERIODIC}:DiLoCo", synchronous=True, momentum=True, periodic="outer"),
+    _spec("streaming-diloco", "Streaming DiLoCo: DiLoCo fragment by fragment on a staggered schedule, each "
+          "exchange overlapped with sync_delay inner steps, mixed into the local weights by fragment_alpha",
+          f"{_PERIODIC}:StreamingDiLoCo", synchronous=True, momentum=True, periodic="streaming"),
 ]}
 
 

@@ -56,3 +56,33 @@ def carried_momentum_sgd(x: Tensor, v: Tensor, grad: Tensor, carried: Tensor | f
     ``v = 0`` is plain SGD (DGC's momentum factor masking as published)."""
     v_new = momentum * v - lr * (carried * grad)
     return x - lr * grad + momentum * v, v_new
+
+
+# -- EASGD's descendants (workbench.optim.periodic) ------------------------------------------------
+def outer_sgd(theta: Tensor, buf: Tensor, delta: Tensor, lr: float, momentum: float,
+              nesterov: bool) -> tuple[Tensor, Tensor]:
+    """DiLoCo's outer step on the outer gradient ``delta`` (outer weights minus the workers' mean),
+    torch's SGD with momentum; returns ``(theta', buf')``: ``buf' = momentum*buf + delta``;
+    ``theta' = theta - lr*(delta + momentum*buf')`` with Nesterov, ``theta - lr*buf'`` without.
+    (torch starts ``buf`` at the first ``delta``; a zero ``buf`` gives the same.)"""
+    buf_new = momentum * buf + delta
+    step = delta + momentum * buf_new if nesterov else buf_new
+    return theta - lr * step, buf_new
+
+
+def adamw(x: Tensor, m: Tensor, v: Tensor, grad: Tensor, t: int, lr: float, weight_decay: float,
+          betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> tuple[Tensor, Tensor, Tensor]:
+    """AdamW (Loshchilov and Hutter; torch.optim.AdamW's arithmetic), step ``t`` >= 1; returns
+    ``(x', m', v')``: ``x <- x(1 - lr*wd)``; ``m' = b1*m + (1-b1)*g``; ``v' = b2*v + (1-b2)*g^2``;
+    ``x' = x - lr/(1-b1^t) * m' / (sqrt(v')/sqrt(1-b2^t) + eps)``."""
+    b1, b2 = betas
+    m_new = b1 * m + (1 - b1) * grad
+    v_new = b2 * v + (1 - b2) * grad * grad
+    denom = v_new.sqrt() / (1 - b2 ** t) ** 0.5 + eps
+    return x * (1 - lr * weight_decay) - (lr / (1 - b1 ** t)) * m_new / denom, m_new, v_new
+
+
+def mix(local: Tensor, outer: Tensor, alpha: float) -> Tensor:
+    """Streaming DiLoCo's merge when a fragment's outer update arrives: ``alpha*local + (1-alpha)*outer``
+    (``alpha = 0``: the local weights are replaced, as in DiLoCo)."""
+    return alpha * local + (1 - alpha) * outer

@@ -78,8 +78,12 @@ class _Background:
         self.thread = threading.Thread(target=target, daemon=True)
         self.thread.start()
 
-    def join(self) -> None:
-        self.thread.join()
+    def join(self, timeout: float | None = None, what: str = "the communication thread") -> None:
+        """Wait for the thread (``timeout`` seconds at most: then :class:`TimeoutError` naming ``what``)
+        and re-raise its error."""
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise TimeoutError(f"{what} did not complete within {timeout} s")
         if self.error is not None:
             raise self.error
 
