@@ -146,7 +146,8 @@ def relative(a, b):
 def test_local_sgd_and_diloco_at_one_step_are_sync_sgd(tmp_path):
     sync, sync_summary = final_state(tmp_path, "sync", algorithm="sync-sgd")
     local, _ = final_state(tmp_path, "local", algorithm="local-sgd", sync_every=1)
-    diloco, _ = final_state(tmp_path, "diloco", algorithm="diloco", sync_every=1, outer_lr=1.0, outer_momentum=0.0)
+    diloco, _ = final_state(tmp_path, "diloco", algorithm="diloco", sync_every=1, outer_lr=1.0, outer_momentum=0.0,
+                            momentum=0.9)  # sync-sgd's momentum (diloco's inner SGD has none by default)
     assert relative(local["center"], sync["x"]) < 1e-6
     assert relative(diloco["center"], sync["x"]) < 1e-6
     assert relative(diloco["x"], sync["x"]) < 1e-6  # every worker restarts from the outer weights
@@ -190,8 +191,9 @@ def test_streaming_diloco_resumes_bit_for_bit_with_a_fragment_in_flight(tmp_path
                 checkpoint_every=20, collective="ring", inner_optimizer="adamw")
     assert 0 in fragments.due(20, 2, 8)
     whole = train(RunConfig(**base), tmp_path / "whole", timeout=240)
-    with pytest.raises(MPILaunchError):
+    with pytest.raises(MPILaunchError) as info:
         train(RunConfig(**base, fail_rank=1, fail_step=30), tmp_path / "broken", timeout=240)
+    assert info.value.failed_ranks == [1] and "injected failure on rank 1 at step 30" in str(info.value)
     assert checkpoint.latest_step(tmp_path / "broken") == 20
     state = checkpoint.load(tmp_path / "broken", 0, 3)
     assert state["pending_fragment"] == 0 and state["pending_apply_at"] == 22 and state["inner_t"] == 20
