@@ -180,7 +180,16 @@ def test_fragment_bytes_and_messages_follow_the_schedule_and_the_wire_dtype(tmp_
     assert fp32["messages"] == bf16["messages"] == syncs  # per rank
     assert fp32["wire_bytes"] == fp32["dense_wire_bytes"] > 0
     assert bf16["wire_bytes"] * 2 == bf16["dense_wire_bytes"] == fp32["wire_bytes"]
-    assert bf16["final_test_accuracy"] > 0.8 and fp32["final_test_accuracy"] > 0.8
+    assert bf16["final_test_accuracy"] > 0.5 and fp32["final_test_accuracy"] > 0.5  # chance: 0.1
+    # the exchanges overlapped with inner steps are comm spans on each rank's in-flight row (the dashboard's)
+    import json
+
+    from workbench.telemetry import IN_FLIGHT_TID
+    events = json.loads((tmp_path / "fp32" / "trace.json").read_text())["traceEvents"]
+    outer = [e for e in events if e.get("name") == "outer_exchange"]
+    overlapped = [e for e in outer if e["tid"] == IN_FLIGHT_TID]
+    assert {e["cat"] for e in outer} == {"comm"} and {e["pid"] for e in overlapped} == {0, 1, 2}
+    assert len(overlapped) == (syncs - 2) * BASE["ranks"]  # all but the last step's, which is blocking
 
 
 @pytest.mark.mpi

@@ -60,8 +60,10 @@ class Dashboard(RunObserver):
         self._closed = threading.Event()
         self.loss = go.FigureWidget(layout=loss_layout())
         self.shares = go.FigureWidget(layout=share_layout(self.ranks))
-        # the algorithms that reduce gradients in nonblocking buckets get rows for what is in flight
-        buckets = self.algorithm in ALGORITHMS and ALGORITHMS[self.algorithm].reduces_gradients
+        # the algorithms that reduce gradients in nonblocking buckets, and Streaming DiLoCo's fragments
+        # exchanged beside the inner steps, get rows for what is in flight
+        spec = ALGORITHMS.get(self.algorithm)
+        buckets = spec is not None and (spec.reduces_gradients or spec.periodic == "streaming")
         self.timeline = go.FigureWidget(layout=timeline_layout(self.ranks, [0, window_seconds * 1e3],
                                                                in_flight=buckets))
         self.status = w.HTML()

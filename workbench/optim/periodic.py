@@ -35,6 +35,7 @@ from ..comm.mpi_allreduce import choose
 from ..comm.names import AUTO, NATIVE
 from ..comm.nonblocking import iallreduce
 from ..runtime.rank.context import Context, TrainingError
+from ..telemetry import IN_FLIGHT_TID
 from . import fragments as fragmenting
 from . import rules
 from .sync import SyncAlgorithm, _Background, reduce_flat
@@ -218,10 +219,11 @@ class StreamingDiLoCo(PeriodicAlgorithm):
         delta = self.center[start:stop] - ctx.flat.data[start:stop]
         bounds = self._fragment_bounds(fragment)
 
-        def send() -> None:
-            with ctx.span("outer_exchange", "comm", fragment=fragment, step=done):
+        def send(**row) -> None:
+            with ctx.span("outer_exchange", "comm", fragment=fragment, step=done, **row):
                 exchange_mean(ctx, delta, bounds, self.outer_comm, cfg.outer_wire_dtype)
-        thread = _Background(send) if overlap else send()
+        # beside the inner steps, the exchange is drawn on the rank's in-flight row (as sync-sgd's buckets)
+        thread = _Background(lambda: send(tid=IN_FLIGHT_TID)) if overlap else send()
         self.pending = (fragment, done + cfg.sync_delay, delta, thread)
 
     def finish(self) -> None:
