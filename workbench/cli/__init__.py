@@ -44,8 +44,9 @@ def list_algorithms(args) -> int:
     from ..comm.names import algorithm_names
     from ..optim.registry import algorithms
     print("training algorithms:")
+    width = max(map(len, algorithms()))
     for name, description in algorithms().items():
-        print(f"  {name:15s} {description}")
+        print(f"  {name:{width}s} {description}")
     print("collective algorithms: " + ", ".join(algorithm_names()))
     return 0
 
