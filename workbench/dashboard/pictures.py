@@ -123,15 +123,21 @@ def _ends(topo: Topology, src: int, dst: int, where) -> list[tuple[float, float,
     return [(x0, y0, x0 + dx, y0 + dy, False), (x1 - dx, y1 - dy, x1, y1, True)]
 
 
-def _arrows(fig: go.Figure, topo: Topology, arrows, where, index: int) -> None:
-    """``arrows``: (src, dst, colour) drawn in subplot ``index`` (1-based)."""
+def _arrows(topo: Topology, arrows, where, index: int) -> list[dict]:
+    """``arrows``: (src, dst, colour) drawn in subplot ``index`` (1-based), as annotation dicts. The
+    caller sets them on the figure once (:func:`_annotate`)."""
     suffix = "" if index == 1 else str(index)
-    for src, dst, colour in arrows:
-        for x0, y0, x1, y1, head in _ends(topo, src, dst, where):
-            fig.add_annotation(x=x1, y=y1, ax=x0, ay=y0, xref=f"x{suffix}", yref=f"y{suffix}",
-                               axref=f"x{suffix}", ayref=f"y{suffix}", showarrow=True, arrowhead=2 if head else 0,
-                               arrowsize=1.2, arrowwidth=2, arrowcolor=colour, standoff=9 if head else 0,
-                               startstandoff=9 if (x0, y0) == where[src] else 0)
+    return [dict(x=x1, y=y1, ax=x0, ay=y0, xref=f"x{suffix}", yref=f"y{suffix}", axref=f"x{suffix}",
+                 ayref=f"y{suffix}", showarrow=True, arrowhead=2 if head else 0, arrowsize=1.2, arrowwidth=2,
+                 arrowcolor=colour, standoff=9 if head else 0, startstandoff=9 if (x0, y0) == where[src] else 0)
+            for src, dst, colour in arrows for x0, y0, x1, y1, head in _ends(topo, src, dst, where)]
+
+
+def _annotate(fig: go.Figure, annotations: list[dict]) -> None:
+    """Add ``annotations`` to ``fig`` in one assignment: plotly re-validates every annotation on each
+    ``add_annotation`` (quadratic: 180 s for the 4x4 torus's link-use figure) and merges element by
+    element in ``update_layout``."""
+    fig.layout.annotations = (*fig.layout.annotations, *annotations)
 
 
 def _finish(fig: go.Figure, panels: int, rows: int, cols: int, title: str) -> go.Figure:
@@ -158,6 +164,7 @@ def trees_figure(topo: Topology, k: int = 2, roots: Sequence[int] | None = None,
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=[f"tree of root {r}" for r in roots],
                         horizontal_spacing=0.03, vertical_spacing=0.08)
     colours = sample_colorscale("Viridis", [t / max(steps - 1, 1) for t in range(steps)])
+    arrows: list[dict] = []
     for i, root in enumerate(roots, start=1):
         row, col = (i - 1) // cols + 1, (i - 1) % cols + 1
         mine = [(c, p, t) for r, c, p, t in edges if r == root]
@@ -165,12 +172,13 @@ def trees_figure(topo: Topology, k: int = 2, roots: Sequence[int] | None = None,
         fig.add_trace(go.Scatter(x=[where[root][0]], y=[where[root][1]], mode="markers",
                                  marker=dict(size=26, color="rgba(0,0,0,0)", line=dict(color="crimson", width=3)),
                                  hoverinfo="skip", showlegend=False), row=row, col=col)
-        _arrows(fig, topo, [(p, c, colours[t]) for c, p, t in mine], where, i)
+        arrows += _arrows(topo, [(p, c, colours[t]) for c, p, t in mine], where, i)
         for c, p, t in mine:   # the step number at the middle of each edge (of its arrow part)
             x0, y0, x1, y1, _ = _ends(topo, p, c, where)[-1]
             fig.add_trace(go.Scatter(x=[(x0 + x1) / 2], y=[(y0 + y1) / 2], mode="text", text=[str(t)],
                                      textfont=dict(size=11, color="#222"), hoverinfo="skip",
                                      showlegend=False), row=row, col=col)
+    _annotate(fig, arrows)
     return _finish(fig, len(roots), rows, cols,
                    f"MultiTree on {topo.kind} {'x'.join(map(str, topo.dims)) or topo.nodes}, k={k}: "
                    f"{steps} all-gather steps (edge labels: the step; red ring: the root)")
@@ -202,13 +210,15 @@ def link_use_figure(schedule: Schedule, topo: Topology, steps: Sequence[int] | N
     rows, cols = _grid(len(steps), cols)
     fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.02,
                         vertical_spacing=0.06)
+    for annotation in fig.layout.annotations:   # the subplot titles
+        if annotation.text and annotation.text.startswith("step"):
+            annotation.font = dict(size=11)
+    arrows: list[dict] = []
     for i, s in enumerate(steps, start=1):
         row, col = (i - 1) // cols + 1, (i - 1) % cols + 1
         _add_nodes(fig, topo, where, row, col)
-        _arrows(fig, topo, [(t.src, t.dst, colours[t.chunk]) for t in schedule.steps[s]], where, i)
-    for annotation in fig.layout.annotations:
-        if annotation.text and annotation.text.startswith("step"):
-            annotation.font = dict(size=11)
+        arrows += _arrows(topo, [(t.src, t.dst, colours[t.chunk]) for t in schedule.steps[s]], where, i)
+    _annotate(fig, arrows)
     return _finish(fig, len(steps), rows, cols,
                    f"{schedule.name} on {topo.kind}: transfers per step (colour: chunk)")
 
