@@ -391,7 +391,11 @@ def main() -> None:
     args.json.write_text(json.dumps({
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)), "total_seconds": time.time() - started,
         "machine": describe(), "load_average": load_average, "cpus": os.cpu_count(), "torch": torch.__version__,
-        "command": " ".join(["python", *sys.argv]), "studies": studies, "predictions": predicted}, indent=1))
+        "command": " ".join(["python", *sys.argv]), "studies": studies, "predictions": predicted,
+        # --resume: the invocations whose runs this file keeps (their date, load and command)
+        "earlier_invocations": earlier.get("earlier_invocations", []) + (
+            [{k: earlier[k] for k in ("date_utc", "total_seconds", "load_average", "command")}]
+            if "command" in earlier else [])}, indent=1))
     print(f"wrote {args.json}")
 
 
