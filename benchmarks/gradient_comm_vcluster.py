@@ -31,7 +31,8 @@ bench allreduce --vcluster``), fitted by :func:`workbench.netsim.calibration.cal
 ``fully_connected:4`` (a switch: every rank its own port).
 
     python benchmarks/gradient_comm_vcluster.py [--models resnet18,alexnet] [--only ROW,...] [--steps N]
-                                                [--rounds R] [--rate RATE] [--no-calibrate] [--json FILE] [--resume]
+                                                [--rounds R] [--rate RATE] [--no-calibrate] [--name PREFIX]
+                                                [--json FILE] [--resume]
 
 Writes benchmarks/results/gradient_comm_vcluster.json (machine, load, link rates, nodes, every run).
 """
@@ -182,7 +183,10 @@ def study(model: str, args, log, done: dict | None, save) -> dict:
             for key, changes in random.Random(round_).sample(chosen, len(chosen)) if (key, round_) not in have]
     if not todo and (result["calibration"] or not args.calibrate):
         return result
-    vc = VirtualCluster(f"g{model[:3]}{os.getpid() % 1000}", nodes=NODES, topology="switch", bandwidth=rate)
+    # keep=True: the record names no owner, so no other process's `up` takes this one for a dead
+    # process's and removes it mid-run; it is taken down in `finally`
+    vc = VirtualCluster(f"{args.name}{model[:3]}{os.getpid() % 1000}"[:8], nodes=NODES, topology="switch",
+                        bandwidth=rate, keep=True)
     vc.up()
     result["link_rate"], result["link_rate_bits"] = format_rate(vc.plan.bandwidth), vc.plan.bandwidth
     try:
@@ -346,6 +350,7 @@ def main() -> None:
                         help="skip the all-reduce calibration and the predictions")
     parser.add_argument("--rate", help="every model's link rate (tc's units, 1gbit) instead of its own (STUDIES)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one run may take")
+    parser.add_argument("--name", default="g", help="the clusters' name prefix (a lower-case letter first)")
     parser.add_argument("--json", type=Path, default=RESULTS / "gradient_comm_vcluster.json")
     parser.add_argument("--resume", action="store_true",
                         help="keep the runs and calibrations --json holds (a partial file) and run the rest")
@@ -386,7 +391,11 @@ def main() -> None:
     args.json.write_text(json.dumps({
         "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)), "total_seconds": time.time() - started,
         "machine": describe(), "load_average": load_average, "cpus": os.cpu_count(), "torch": torch.__version__,
-        "command": " ".join(["python", *sys.argv]), "studies": studies, "predictions": predicted}, indent=1))
+        "command": " ".join(["python", *sys.argv]), "studies": studies, "predictions": predicted,
+        # --resume: the invocations whose runs this file keeps (their date, load and command)
+        "earlier_invocations": earlier.get("earlier_invocations", []) + (
+            [{k: earlier[k] for k in ("date_utc", "total_seconds", "load_average", "command")}]
+            if "command" in earlier else [])}, indent=1))
     print(f"wrote {args.json}")
 
 

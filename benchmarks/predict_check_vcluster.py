@@ -241,7 +241,9 @@ def on_cluster(args, nodes: int, scratch: Path, into: dict, save) -> None:
     from workbench.vcluster.plan import parse_rate
     from workbench.vcluster.probe import one_way_latency
     folder = scratch / f"n{nodes}"
-    vc = VirtualCluster(f"{args.name}n{nodes}"[:8], nodes, "switch", args.vcluster, shared=folder)
+    # keep=True: the record names no owner, so no other process's `up` takes this one for a dead
+    # process's and removes it mid-run; it is taken down in `finally`
+    vc = VirtualCluster(f"{args.name}n{nodes}"[:8], nodes, "switch", args.vcluster, shared=folder, keep=True)
     try:
         vc.up()
         ping = one_way_latency(vc)
