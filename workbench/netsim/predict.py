@@ -208,7 +208,8 @@ def predict(profile: Sequence[LayerProfile], ranks: int, network=None, options=N
     """
     layers = check_profile(profile)
     _check(ranks, algorithm, tau, update_s, apply_s, skew_s)
-    _check_periodic(algorithm, tau, fragments, sync_delay, outer_wire_dtype, len(_layout(layers)[0]))
+    bounds, owner = _layout(layers)
+    _check_periodic(algorithm, tau, fragments, sync_delay, outer_wire_dtype, len(bounds))
     opts = communication(options, **fields)
     if algorithm != "sync-sgd" and (opts.sparse or opts.wire_dtype != "fp32"):
         raise PredictError(f"{algorithm} exchanges weights, not gradients: wire_dtype and sparse_ratio do not "
@@ -221,7 +222,6 @@ def predict(profile: Sequence[LayerProfile], ranks: int, network=None, options=N
     local = forward + backward + update_s
     if algorithm == "easgd":
         return _easgd(layers, ranks, net, tau, local, apply_s)
-    bounds, owner = _layout(layers)
     buckets = bucket_bounds(bounds, opts.fusion_bytes)
     skew_s = skew_s if ranks > 1 else 0.0
     if algorithm == "sync-easgd":

@@ -26,12 +26,8 @@ from __future__ import annotations
 
 import torch
 
-from ..comm import allreduce
 from ..comm.buckets import bucket_bounds
-from ..comm.buffers import FlatBuffer
 from ..comm.hooks import dense_bytes
-from ..comm.implementations import buffer_wire_bytes
-from ..comm.mpi_allreduce import choose
 from ..comm.names import AUTO, NATIVE
 from ..comm.nonblocking import iallreduce
 from ..runtime.rank.context import Context, TrainingError
@@ -78,28 +74,25 @@ class InnerOptimizer:
 
 def exchange_mean(ctx: Context, buf: torch.Tensor, bounds: list[tuple[int, int]], comm, wire_dtype: str) -> None:
     """Replace ``buf`` (laid out as the tensors ``bounds``, relative to ``buf``) by its mean over the
-    ranks of ``comm``, in the run's fusion buckets, each sent in ``wire_dtype`` and counted. fp32 goes
-    through the blocking :func:`~workbench.comm.allreduce` (it releases the GIL: a thread overlaps
-    it with inner steps); fp16/bf16 travel as such (pre-divided by the rank count) on the ``ring``
-    where ``native``/``auto`` was asked for (MPI has no bf16 sum; see :class:`~workbench.comm.hooks.Wire`)."""
+    ranks of ``comm``, in the run's fusion buckets, each sent in ``wire_dtype`` and counted. fp32 is
+    :func:`~workbench.optim.sync.reduce_flat` (blocking: it releases the GIL, so a thread overlaps it
+    with inner steps); fp16/bf16 travel as such (pre-divided by the rank count) on the ``ring`` where
+    ``native``/``auto`` was asked for (MPI has no bf16 sum; see :class:`~workbench.comm.hooks.Wire`)."""
     p, cfg = comm.Get_size(), ctx.cfg
+    if wire_dtype == "fp32":
+        reduce_flat(ctx, buf, bounds, comm)
+        buf.div_(p)
+        return
     dtype = _DTYPES[wire_dtype]
+    algorithm = "ring" if cfg.collective in (AUTO, NATIVE) else cfg.collective
     for start, stop, _ in bucket_bounds(bounds, cfg.communication_options.fusion_bytes, dtype.itemsize):
         part = buf[start:stop]
-        if dtype == torch.float32:
-            algorithm = choose(FlatBuffer(part), comm) if cfg.collective == AUTO else cfg.collective
-            allreduce(part, comm, algorithm)
-            sent = buffer_wire_bytes(FlatBuffer(part), comm, algorithm)
-            part.div_(p)
-        else:
-            algorithm = "ring" if cfg.collective in (AUTO, NATIVE) else cfg.collective
-            wire = (part / p).to(dtype)
-            handle = iallreduce(wire, comm, algorithm, narrow_bf16=True)
-            handle.wait(cfg.comm_timeout)
-            sent = handle.wire_bytes
-            part.copy_(wire.to(part.dtype))
+        wire = (part / p).to(dtype)
+        handle = iallreduce(wire, comm, algorithm, narrow_bf16=True)
+        handle.wait(cfg.comm_timeout)
+        part.copy_(wire.to(part.dtype))
         if p > 1:
-            ctx.count_message(sent, dense_bytes(stop - start, comm, algorithm))
+            ctx.count_message(handle.wire_bytes, dense_bytes(stop - start, comm, algorithm))
 
 
 class PeriodicAlgorithm(SyncAlgorithm):

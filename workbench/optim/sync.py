@@ -37,19 +37,20 @@ from ..runtime.rank.context import Context
 from . import rules
 
 
-def reduce_flat(ctx: Context, buf: torch.Tensor) -> None:
-    """All-reduce a flat tensor laid out like the parameters, in the run's fusion buckets
-    (one message by default, one per parameter tensor with ``fusion_bytes=0``). Blocking:
+def reduce_flat(ctx: Context, buf: torch.Tensor, bounds: list[tuple[int, int]] | None = None,
+                comm=None) -> None:
+    """All-reduce a flat tensor laid out like the parameters (or like the tensors ``bounds``,
+    relative to ``buf``), over ``comm`` (default the run's), in the run's fusion buckets (one
+    message by default, one per tensor with ``fusion_bytes=0``), each message counted. Blocking:
     Sync EASGD overlaps it with the gradient in a thread, where blocking MPI calls release
     the GIL (a nonblocking handle's wait loop would compete with the computing thread)."""
-    fusion = ctx.cfg.communication_options.fusion_bytes
-    for start, stop, _ in bucket_bounds(ctx.flat.bounds, fusion, buf.element_size()):
+    fusion, comm = ctx.cfg.communication_options.fusion_bytes, ctx.comm if comm is None else comm
+    for start, stop, _ in bucket_bounds(ctx.flat.bounds if bounds is None else bounds, fusion, buf.element_size()):
         part = FlatBuffer(buf[start:stop])
-        algorithm = choose(part, ctx.comm) if ctx.cfg.collective == AUTO else ctx.cfg.collective
-        allreduce(buf[start:stop], ctx.comm, algorithm)
-        if ctx.size > 1:
-            ctx.count_message(buffer_wire_bytes(part, ctx.comm, algorithm),
-                              dense_bytes(stop - start, ctx.comm, algorithm))
+        algorithm = choose(part, comm) if ctx.cfg.collective == AUTO else ctx.cfg.collective
+        allreduce(buf[start:stop], comm, algorithm)
+        if comm.Get_size() > 1:
+            ctx.count_message(buffer_wire_bytes(part, comm, algorithm), dense_bytes(stop - start, comm, algorithm))
 
 
 def gradient_step(x: torch.Tensor, velocity: torch.Tensor, reducer: GradientReducer, ranks: int, lr: float,
