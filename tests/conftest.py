@@ -16,12 +16,15 @@ from vcluster_fixture import vc4  # noqa: F401  (session fixture: a virtual clus
 ROOT = Path(__file__).resolve().parent.parent
 MPI_DIR = Path(__file__).resolve().parent / "mpi"
 
-# runs, the results store and cluster records of the test session go to a scratch directory,
-# never into the working tree or the user's ~/.cache
+# runs, the results store, cluster records and generated data sets of the test session go to a
+# scratch directory, never into the working tree or the user's ~/.cache
 _SCRATCH = tempfile.mkdtemp(prefix="workbench-tests-")
 for _name, _sub in (("WORKBENCH_STORE", "store.sqlite"), ("WORKBENCH_RUNS", "runs"),
-                    ("WORKBENCH_STATE_DIR", "state")):
+                    ("WORKBENCH_STATE_DIR", "state"), ("WORKBENCH_DATA_CACHE", "datasets")):
     os.environ.setdefault(_name, str(Path(_SCRATCH) / _sub))
+# ``auto``'s first use of a size times every candidate; 3 repetitions instead of 31 decide the same
+# way for the tests (which check that every rank agrees and that the table persists, not the pick)
+os.environ.setdefault("WORKBENCH_TUNING_REPS", "3")
 
 
 @pytest.fixture

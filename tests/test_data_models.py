@@ -1,4 +1,6 @@
 """Datasets, sharding, batches and models (single process)."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -11,6 +13,33 @@ def test_digits_split_and_scale():
     assert d.X_train.shape == (1437, 64) and d.X_test.shape == (360, 64)
     assert d.num_classes == 10 and float(d.X_train.max()) <= 1.0 and float(d.X_train.min()) >= 0.0
     assert torch.equal(data.digits().X_test, d.X_test)  # the same test set every time
+
+
+def test_generated_sets_are_made_once_and_read_back_without_scikit_learn(tmp_path, monkeypatch):
+    """digits and synthetic are made with scikit-learn once and kept as .npz: the same arrays come
+    back, a later process never imports scikit-learn (2-3 s of CPU a rank), a damaged file is made
+    again, and ``none`` keeps nothing."""
+    import subprocess
+    import sys
+    monkeypatch.setenv("WORKBENCH_DATA_CACHE", str(tmp_path / "cache"))
+    made = data.digits()
+    (cached,) = (tmp_path / "cache").glob("digits-*.npz")
+    again = data.digits()
+    assert torch.equal(again.X_train, made.X_train) and torch.equal(again.y_test, made.y_test)
+    fresh = data._make_digits()
+    assert np.array_equal(fresh[0], made.X_train.numpy()) and np.array_equal(fresh[3], made.y_test.numpy())
+    code = ("import sys, workbench.data as d; d.load('digits'); d.load('synthetic', samples=500); "
+            "print('sklearn' in sys.modules)")
+    env = {**os.environ, "WORKBENCH_DATA_CACHE": str(tmp_path / "cache")}
+    first = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    second = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert first.stdout.split() == ["True"] and second.stdout.split() == ["False"]  # synthetic made once
+    assert len(list((tmp_path / "cache").glob("synthetic-*.npz"))) == 1
+    cached.write_bytes(b"not an npz")
+    assert torch.equal(data.digits().X_test, made.X_test) and cached.read_bytes()[:2] == b"PK"  # made again
+    monkeypatch.setenv("WORKBENCH_DATA_CACHE", "none")
+    assert torch.equal(data.synthetic(samples=300).y_train, data.synthetic(samples=300).y_train)
+    assert len(list((tmp_path / "cache").glob("synthetic-*.npz"))) == 1  # nothing more kept
 
 
 @pytest.mark.parametrize("workers", [1, 3, 4, 7])

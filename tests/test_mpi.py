@@ -62,7 +62,7 @@ def test_allreduce_cases_under_mpiexec(mpi, nranks, case_count):
     assert_every_rank_passed(result, nranks, case_count)
 
 
-@pytest.mark.parametrize("nranks", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("nranks", [1, 2, 3, 4])  # 3: the non-power-of-two case (5 added 37 s, no path)
 def test_nonblocking_cases_under_mpiexec(mpi, nranks, nonblocking_count):
     """iallreduce: every algorithm x dtype x odd length against the blocking path, handles in
     flight together and waited in rank-dependent orders, progress(), timeouts, mismatches."""

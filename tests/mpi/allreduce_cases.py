@@ -186,6 +186,22 @@ def test_auto_decides_the_same_on_every_rank_and_persists():
     assert again.table[key]["algorithm"] == choices[0]
 
 
+def test_tuning_repetitions_come_from_the_environment(monkeypatch):
+    """``WORKBENCH_TUNING_REPS`` times each candidate that many rounds (the suite runs with 3);
+    anything but a positive integer is refused, naming the variable."""
+    calls = []
+    monkeypatch.setattr("workbench.comm.tuning.time_interleaved",
+                        lambda comm, ops, reps, warmup=1: calls.append(reps) or np.ones((len(ops), reps)))
+    monkeypatch.setenv("WORKBENCH_TUNING_REPS", "2")
+    Tuner(WORLD).measure(4096, "float32")
+    monkeypatch.delenv("WORKBENCH_TUNING_REPS")
+    Tuner(WORLD).measure(4096, "float32")
+    assert calls == [2, 31]
+    monkeypatch.setenv("WORKBENCH_TUNING_REPS", "0")
+    with pytest.raises(ValueError, match="WORKBENCH_TUNING_REPS must be an integer >= 1; got '0'"):
+        Tuner(WORLD).measure(4096, "float32")
+
+
 def test_state_cached_on_a_communicator_dies_with_it():
     """Issue 11: the executor's duplicate and the tuning table were cached by handle, and MPI hands
     a freed communicator's handle to the next one: a run on 4 ranks after one on 2 found the

@@ -10,7 +10,9 @@ meaningfully slower than native.
 
 Decisions persist in a JSON file keyed by MPI library, rank count and host set, so later
 processes skip the measurement. Set ``WORKBENCH_TUNING_CACHE`` to another path, or to
-``none`` to keep the table in memory only.
+``none`` to keep the table in memory only. ``WORKBENCH_TUNING_REPS`` sets the timed repetitions
+per candidate (default 31 below 1 MiB, 11 below 8 MiB, else 5): fewer decide sooner, on noisier
+medians (the test suite uses 3).
 """
 from __future__ import annotations
 
@@ -66,6 +68,16 @@ def cache_path() -> Path | None:
     return None if value.lower() in ("", "none", "off") else Path(value)
 
 
+def repetitions_from_env() -> int | None:
+    """``WORKBENCH_TUNING_REPS`` as a positive integer, or None when unset."""
+    value = os.environ.get("WORKBENCH_TUNING_REPS", "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"WORKBENCH_TUNING_REPS must be an integer >= 1; got {value!r}")
+    return int(value)
+
+
 def bucket_of(nbytes: int) -> int:
     """The power-of-two size class of a message: ``2**(bucket-1) < nbytes <= 2**bucket``."""
     return max(nbytes - 1, 0).bit_length()
@@ -113,7 +125,8 @@ class Tuner:
         """
         scratch = _scratch(nbytes, dtype_name)  # zeros: repeated sums never overflow
         names = list(IMPLEMENTATIONS)  # native first
-        reps = repetitions or (5 if nbytes >= (8 << 20) else 11 if nbytes >= (1 << 20) else 31)
+        reps = (repetitions or repetitions_from_env()
+                or (5 if nbytes >= (8 << 20) else 11 if nbytes >= (1 << 20) else 31))
         ops = [lambda name=name: run_algorithm(scratch, self.comm, name) for name in names]
         rounds = time_interleaved(self.comm, ops, reps, warmup=1)
         seconds = {name: float(np.median(rounds[i])) for i, name in enumerate(names)}
