@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from workbench import data, models
+from workbench import data, generated_sets, models
 
 
 def test_digits_split_and_scale():
@@ -26,7 +26,7 @@ def test_generated_sets_are_made_once_and_read_back_without_scikit_learn(tmp_pat
     (cached,) = (tmp_path / "cache").glob("digits-*.npz")
     again = data.digits()
     assert torch.equal(again.X_train, made.X_train) and torch.equal(again.y_test, made.y_test)
-    fresh = data._make_digits()
+    fresh = generated_sets._make_digits()
     assert np.array_equal(fresh[0], made.X_train.numpy()) and np.array_equal(fresh[3], made.y_test.numpy())
     code = ("import sys, workbench.data as d; d.load('digits'); d.load('synthetic', samples=500); "
             "print('sklearn' in sys.modules)")

@@ -340,8 +340,8 @@ def test_cli_killed_rank_under_srun_is_named_and_nothing_is_left(slurm_env, tmp_
 
 def test_cli_timeout_under_srun_cancels_the_step(slurm_env, tmp_path):
     proc = _cli("train", "--algorithm", "sync-sgd", "--ranks", "4", "--epochs", "2000", *SRUN,
-                "--timeout", "20", "--out", str(tmp_path / "run"), "--store", str(tmp_path / "store.sqlite"))
-    assert proc.returncode == 1 and "ran past its 20 s timeout and was killed" in proc.stderr, proc.stderr[-3000:]
+                "--timeout", "10", "--out", str(tmp_path / "run"), "--store", str(tmp_path / "store.sqlite"))
+    assert proc.returncode == 1 and "ran past its 10 s timeout and was killed" in proc.stderr, proc.stderr[-3000:]
     name = proc.stderr.split("--job-name=", 1)[1].split()[0]
     jobs = subprocess.run(["squeue", "-h", "-n", name, "-o", "%i"], capture_output=True, text=True).stdout.split()
     assert all(_gone_from_squeue(job) for job in jobs)

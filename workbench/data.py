@@ -15,7 +15,7 @@
 
 torch is imported only where tensors are made, so validating a configuration (``describe``)
 needs numpy alone. ``digits`` and ``synthetic`` are made with scikit-learn once per machine and kept
-as ``.npz`` files (:func:`data_cache`; ``WORKBENCH_DATA_CACHE``): importing scikit-learn (and the
+as ``.npz`` files (:mod:`workbench.generated_sets`; ``WORKBENCH_DATA_CACHE``): importing scikit-learn (and the
 scipy.stats it pulls in) took every rank 2-3 s of CPU, longer than a whole digits run trains.
 
 Batches are a pure function of (seed, rank, epoch, step), so a resumed run sees exactly the
@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+
+from .generated_sets import digits_arrays, synthetic_arrays
 
 BUILTIN_DATASETS = ("digits", "synthetic", "synthetic-imagenet", "fashion-mnist")
 #: where Debian's dataset-fashion-mnist puts the four IDX files
@@ -110,80 +112,15 @@ def _tensors(name, X_train, y_train, X_test, y_test, *, shard: Shard | None = No
     return Dataset(name, f(X_train), i(y_train), f(X_test), i(y_test), train_samples, num_classes, shard)
 
 
-#: the arrays of a generated set, in this order: X_train, y_train, X_test, y_test
-_SPLITS = ("X_train", "y_train", "X_test", "y_test")
-
-
-def data_cache() -> Path | None:
-    """Where generated sets are kept (``WORKBENCH_DATA_CACHE``; ``none`` keeps nothing): by default
-    ``~/.cache/workbench/datasets``."""
-    value = os.environ.get("WORKBENCH_DATA_CACHE")
-    if value is None:
-        return Path.home() / ".cache" / "workbench" / "datasets"
-    return None if value.strip().lower() in ("", "none", "off") else Path(value)
-
-
-def _generated(name: str, make, **params) -> tuple[np.ndarray, ...]:
-    """``make()``'s four arrays, from the cache when an earlier process made them with the same
-    ``params`` and the same scikit-learn (its version is part of the file name: another version
-    may split or generate differently). A missing, unreadable or unwritable cache only costs the
-    time of ``make()``; files are written whole (a temporary file renamed), so ranks that start
-    together and all miss it never read half a file."""
-    import hashlib
-    import importlib.metadata
-    import json
-    folder = data_cache()
-    if folder is None:
-        return make()
-    key = json.dumps({"name": name, "sklearn": importlib.metadata.version("scikit-learn"), **params},
-                     sort_keys=True)
-    path = folder / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            return tuple(f[k] for k in _SPLITS)
-    except (OSError, KeyError, ValueError):
-        pass  # not made yet (or damaged): make it
-    arrays = make()
-    try:
-        from .files import atomic_path
-        folder.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            np.savez(f, **dict(zip(_SPLITS, arrays)))
-    except OSError:
-        pass  # a read-only home: every process makes the set itself, as before
-    return arrays
-
-
-def _make_digits() -> tuple[np.ndarray, ...]:
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-    d = load_digits()
-    X = d.data.astype(np.float32) / 16.0
-    X_train, X_test, y_train, y_test = train_test_split(X, d.target, test_size=0.2,
-                                                        random_state=0, stratify=d.target)
-    return X_train, y_train, X_test, y_test
-
-
 def digits(**cut) -> Dataset:
     """scikit-learn's bundled digits, 1437 train / 360 test, features in [0, 1] (``cut``: the
     ``shard``/``test`` of :func:`load`)."""
-    return _tensors("digits", *_generated("digits", _make_digits), **cut)
-
-
-def _make_synthetic(samples: int, features: int, classes: int, seed: int) -> tuple[np.ndarray, ...]:
-    from sklearn.datasets import make_classification
-    X, y = make_classification(n_samples=samples, n_features=features, n_informative=features // 2,
-                               n_classes=classes, n_clusters_per_class=1, class_sep=2.0,
-                               random_state=seed)
-    X = (X - X.mean(0)) / (X.std(0) + 1e-8)
-    split = int(samples * 0.8)
-    return X[:split], y[:split], X[split:], y[split:]
+    return _tensors("digits", *digits_arrays(), **cut)
 
 
 def synthetic(samples: int = 4000, features: int = 64, classes: int = 10, seed: int = 0, **cut) -> Dataset:
     """A separable-but-not-trivial classification set of any size (80/20 split)."""
-    params = {"samples": samples, "features": features, "classes": classes, "seed": seed}
-    return _tensors("synthetic", *_generated("synthetic", lambda: _make_synthetic(**params), **params), **cut)
+    return _tensors("synthetic", *synthetic_arrays(samples, features, classes, seed), **cut)
 
 
 def save_arrays(path: str | os.PathLike, X_train, y_train, X_test, y_test) -> Path:
