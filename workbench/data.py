@@ -31,7 +31,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .generated_sets import digits_arrays, synthetic_arrays
+from .generated_sets import SPLITS as _ARRAYS, digits_arrays, synthetic_arrays, write_arrays
 
 BUILTIN_DATASETS = ("digits", "synthetic", "synthetic-imagenet", "fashion-mnist")
 #: where Debian's dataset-fashion-mnist puts the four IDX files
@@ -43,7 +43,6 @@ _KNOWN = "digits, synthetic, synthetic-imagenet, fashion-mnist, idx:FOLDER (an M
 #: Labels are class indices 0 .. MAX_CLASSES - 1: the model's output layer has max label + 1
 #: units, so one stray label of 1e9 would otherwise ask for gigabytes of weights.
 MAX_CLASSES = 100_000
-_ARRAYS = ("X_train", "y_train", "X_test", "y_test")
 
 
 @dataclass(frozen=True)
@@ -124,10 +123,9 @@ def synthetic(samples: int = 4000, features: int = 64, classes: int = 10, seed: 
 
 
 def save_arrays(path: str | os.PathLike, X_train, y_train, X_test, y_test) -> Path:
-    """Write user arrays to an ``.npz`` that ``dataset=<path>`` loads on every rank."""
-    path = Path(path)
-    np.savez(path, X_train=X_train, y_train=y_train, X_test=X_test, y_test=y_test)
-    return path
+    """Write user arrays to the ``.npz`` file ``path`` (that very name), which ``dataset=<path>`` loads on
+    every rank; written whole or not at all, so ranks starting meanwhile never read half a file."""
+    return write_arrays(path, (X_train, y_train, X_test, y_test))
 
 
 def _read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:

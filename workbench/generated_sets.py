@@ -15,18 +15,26 @@ from pathlib import Path
 import numpy as np
 
 from .files import atomic_path
+from .paths import from_env
 
-#: the arrays of a generated set, in this order: X_train, y_train, X_test, y_test
-_SPLITS = ("X_train", "y_train", "X_test", "y_test")
+#: the arrays of a data set file, in this order (:func:`write_arrays`, ``dataset="FILE.npz"``)
+SPLITS = ("X_train", "y_train", "X_test", "y_test")
 
 
 def data_cache() -> Path | None:
     """Where generated sets are kept (``WORKBENCH_DATA_CACHE``; ``none`` keeps nothing): by default
     ``~/.cache/workbench/datasets``."""
-    value = os.environ.get("WORKBENCH_DATA_CACHE")
-    if value is None:
-        return Path.home() / ".cache" / "workbench" / "datasets"
-    return None if value.strip().lower() in ("", "none", "off") else Path(value)
+    return from_env("WORKBENCH_DATA_CACHE", "datasets")
+
+
+def write_arrays(path: str | os.PathLike, arrays) -> Path:
+    """Write the four arrays (:data:`SPLITS`, in that order) to the ``.npz`` file ``path`` (that very
+    name: numpy adds no suffix), whole or not at all (:class:`~workbench.files.atomic_path`): a reader
+    starting meanwhile never reads half a file."""
+    path = Path(path)
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **dict(zip(SPLITS, arrays)))
+    return path
 
 
 def generated(name: str, make, **params) -> tuple[np.ndarray, ...]:
@@ -43,14 +51,13 @@ def generated(name: str, make, **params) -> tuple[np.ndarray, ...]:
     path = folder / f"{name}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.npz"
     try:
         with np.load(path, allow_pickle=False) as f:
-            return tuple(f[k] for k in _SPLITS)
+            return tuple(f[k] for k in SPLITS)
     except (OSError, KeyError, ValueError):
         pass  # not made yet (or damaged): make it
     arrays = make()
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        with atomic_path(path) as tmp, open(tmp, "wb") as f:
-            np.savez(f, **dict(zip(_SPLITS, arrays)))
+        write_arrays(path, arrays)
     except OSError:
         pass  # a read-only home: every process makes the set itself, as before
     return arrays

@@ -26,6 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..files import atomic_write
+from ..paths import from_env
 from .buffers import FlatBuffer
 from .executor import cached_on, state_key
 from .implementations import IMPLEMENTATIONS, run_algorithm
@@ -61,11 +62,9 @@ def time_interleaved(comm: MPI.Comm, ops: list[Callable[[], object]], reps: int,
 
 
 def cache_path() -> Path | None:
-    """Where decisions persist (``WORKBENCH_TUNING_CACHE``; ``none`` disables)."""
-    value = os.environ.get("WORKBENCH_TUNING_CACHE")
-    if value is None:
-        return Path.home() / ".cache" / "workbench" / "allreduce_tuning.json"
-    return None if value.lower() in ("", "none", "off") else Path(value)
+    """Where decisions persist (``WORKBENCH_TUNING_CACHE``; ``none`` disables): by default
+    ``~/.cache/workbench/allreduce_tuning.json``."""
+    return from_env("WORKBENCH_TUNING_CACHE", "allreduce_tuning.json")
 
 
 def repetitions_from_env() -> int | None:

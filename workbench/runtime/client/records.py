@@ -11,7 +11,6 @@ removes the cluster's files and orphaned ``/dev/shm/mpich_shm_*`` segments.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import psutil
 
 from ...files import atomic_write
+from ...paths import from_env
 from ..launch.shm import remove_orphaned_shm
 from ..processes import stop_processes
 
@@ -28,7 +28,7 @@ CLUSTER_ID_ENV = "WORKBENCH_CLUSTER_ID"
 
 def state_dir() -> Path:
     """Where clusters are recorded: ``$WORKBENCH_STATE_DIR`` or ``~/.cache/workbench``."""
-    return Path(os.environ.get("WORKBENCH_STATE_DIR", Path.home() / ".cache" / "workbench"))
+    return from_env("WORKBENCH_STATE_DIR", "", may_be_off=False)
 
 
 def guard_dir(cluster_id: str, base: Path | None = None) -> Path:
