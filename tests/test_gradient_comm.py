@@ -23,8 +23,8 @@ def _isolated_tuning(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """One run per strategy (sync-sgd, digits MLP, 4 ranks, ring: exact byte counts)."""
+def runs(tmp_path_factory, engines):
+    """One run per strategy (sync-sgd, digits MLP, 4 ranks, ring: exact byte counts), on the engines."""
     root = tmp_path_factory.mktemp("gradient-comm")
     options = {"dense": {}, "per-tensor": {"fusion_bytes": 0}, "fused": {"fusion_bytes": 1024, "overlap": True},
                "fp16": {"wire_dtype": "fp16"}, "bf16": {"wire_dtype": "bf16"},
@@ -32,7 +32,7 @@ def runs(tmp_path_factory):
     out = {}
     for name, extra in options.items():
         cfg = RunConfig(algorithm="sync-sgd", ranks=RANKS, epochs=6, collective="ring", **extra)
-        out[name] = (train(cfg, root / name, timeout=240), root / name)
+        out[name] = (engines(cfg, root / name), root / name)
     return out
 
 
@@ -84,12 +84,12 @@ def test_buckets_overlap_backward_in_the_trace(runs):
     assert overlapped >= len(backward)  # at least one bucket per step starts while backward runs
 
 
-def test_unequal_shards_take_the_same_steps_on_every_rank(tmp_path):
+def test_unequal_shards_take_the_same_steps_on_every_rank(engines, tmp_path):
     # batch 8 at 4 ranks: the first shard has one batch more per epoch than the others; a lock-step
     # run must not take it (the extra all-reduce would wait for ranks that have finished), and the
     # CSC warm-up must end at the same step everywhere
     cfg = RunConfig(algorithm="sync-sgd", ranks=RANKS, epochs=2, batch_size=8, sparse_ratio=0.1, warmup_epochs=1)
-    summary = train(cfg, tmp_path, timeout=180)
+    summary = engines(cfg, tmp_path, timeout=180)
     assert summary["steps_per_worker"] * RANKS == summary["steps"] == 4 * 2 * 44
 
 

@@ -128,13 +128,13 @@ def test_adamw_takes_its_own_learning_rate():
     assert RunConfig(algorithm="diloco").hyper.lr == 0.1
 
 
-# -- under mpiexec -------------------------------------------------------------------------------------
+# -- whole runs: on warm engines (the ``engines`` fixture), the resume under mpiexec -------------------
 BASE = dict(ranks=3, epochs=1, collective="ring", checkpoint_every=1, eval_every=1000)
 
 
-def final_state(tmp_path, name, **fields):
+def final_state(engines, tmp_path, name, **fields):
     """Run to the end with a checkpoint at every step; the last one's state on rank 0 and the summary."""
-    summary = train(RunConfig(**{**BASE, **fields}), tmp_path / name, timeout=240)
+    summary = engines(RunConfig(**{**BASE, **fields}), tmp_path / name)
     return checkpoint.load(tmp_path / name, 0, BASE["ranks"]), summary
 
 
@@ -143,38 +143,38 @@ def relative(a, b):
 
 
 @pytest.mark.mpi
-def test_local_sgd_and_diloco_at_one_step_are_sync_sgd(tmp_path):
-    sync, sync_summary = final_state(tmp_path, "sync", algorithm="sync-sgd")
-    local, _ = final_state(tmp_path, "local", algorithm="local-sgd", sync_every=1)
-    diloco, _ = final_state(tmp_path, "diloco", algorithm="diloco", sync_every=1, outer_lr=1.0, outer_momentum=0.0,
+def test_local_sgd_and_diloco_at_one_step_are_sync_sgd(engines, tmp_path):
+    sync, sync_summary = final_state(engines, tmp_path, "sync", algorithm="sync-sgd")
+    local, _ = final_state(engines, tmp_path, "local", algorithm="local-sgd", sync_every=1)
+    diloco, _ = final_state(engines, tmp_path, "diloco", algorithm="diloco", sync_every=1, outer_lr=1.0, outer_momentum=0.0,
                             momentum=0.9)  # sync-sgd's momentum (diloco's inner SGD has none by default)
     assert relative(local["center"], sync["x"]) < 1e-6
     assert relative(diloco["center"], sync["x"]) < 1e-6
     assert relative(diloco["x"], sync["x"]) < 1e-6  # every worker restarts from the outer weights
     assert sync_summary["final_test_accuracy"] > 0.8  # they trained: not two untouched models
     # and at H = 5 Local SGD is no longer sync-SGD (the identity is not a tautology)
-    local5, _ = final_state(tmp_path, "local5", algorithm="local-sgd", sync_every=5)
+    local5, _ = final_state(engines, tmp_path, "local5", algorithm="local-sgd", sync_every=5)
     assert relative(local5["center"], sync["x"]) > 1e-4
 
 
 @pytest.mark.mpi
-def test_streaming_diloco_with_one_fragment_no_delay_no_mixing_is_diloco(tmp_path):
-    _, diloco = final_state(tmp_path, "diloco", algorithm="diloco", sync_every=5)
-    _, streaming = final_state(tmp_path, "streaming", algorithm="streaming-diloco", sync_every=5, fragments=1,
+def test_streaming_diloco_with_one_fragment_no_delay_no_mixing_is_diloco(engines, tmp_path):
+    _, diloco = final_state(engines, tmp_path, "diloco", algorithm="diloco", sync_every=5)
+    _, streaming = final_state(engines, tmp_path, "streaming", algorithm="streaming-diloco", sync_every=5, fragments=1,
                                sync_delay=0, fragment_alpha=0.0)
     assert streaming["weights_checksum"] == diloco["weights_checksum"]
     assert streaming["wire_bytes"] == diloco["wire_bytes"] > 0
-    _, mixed = final_state(tmp_path, "mixed", algorithm="streaming-diloco", sync_every=5, fragments=1)
+    _, mixed = final_state(engines, tmp_path, "mixed", algorithm="streaming-diloco", sync_every=5, fragments=1)
     assert mixed["weights_checksum"] != diloco["weights_checksum"]  # alpha 0.5 mixes
 
 
 @pytest.mark.mpi
-def test_fragment_bytes_and_messages_follow_the_schedule_and_the_wire_dtype(tmp_path):
+def test_fragment_bytes_and_messages_follow_the_schedule_and_the_wire_dtype(engines, tmp_path):
     """One message per fragment sync (one bucket each); fp32's bytes are the dense equivalent, bf16's
     exactly half of them; the syncs are the schedule's plus every fragment once at the last step."""
     fields = dict(algorithm="streaming-diloco", sync_every=8, fragments=2, sync_delay=2, fusion_bytes=None)
-    _, fp32 = final_state(tmp_path, "fp32", **fields)
-    _, bf16 = final_state(tmp_path, "bf16", **fields, outer_wire_dtype="bf16")
+    _, fp32 = final_state(engines, tmp_path, "fp32", **fields)
+    _, bf16 = final_state(engines, tmp_path, "bf16", **fields, outer_wire_dtype="bf16")
     steps = fp32["steps_per_worker"]
     syncs = sum(len(fragments.due(done, 2, 8)) for done in range(1, steps)) + 2
     assert fp32["messages"] == bf16["messages"] == syncs  # per rank

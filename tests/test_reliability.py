@@ -22,23 +22,13 @@ from workbench.runtime.client.cluster import Cluster, cleanup_stale_clusters
 from workbench.runtime.stream import sign
 from workbench.runtime.client.run import RunError
 
+from engines_fixture import private_cluster
+
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    scratch = tmp_path_factory.mktemp("reliability")
-    saved = {k: os.environ.get(k) for k in ("WORKBENCH_STATE_DIR", "WORKBENCH_TUNING_CACHE")}
-    # the engines inherit these: a private state folder and tuning table (auto measures afresh)
-    os.environ["WORKBENCH_STATE_DIR"] = str(scratch / "state")
-    os.environ["WORKBENCH_TUNING_CACHE"] = str(scratch / "tuning.json")
-    try:
-        with Cluster(n=4) as c:
-            yield c
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with private_cluster(tmp_path_factory.mktemp("reliability")) as c:
+        yield c
 
 
 def _train(cluster, tmp_path, name, **options):

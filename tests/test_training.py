@@ -1,4 +1,5 @@
-"""Training under mpiexec: the nine algorithms, determinism, failures, checkpoints, traces."""
+"""Training: every algorithm, determinism and traces on warm engines (the ``engines``
+fixture); failures, checkpoints, resuming and the CLI under mpiexec."""
 from __future__ import annotations
 
 import json
@@ -31,8 +32,8 @@ def load_trace(run_dir):
 
 
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
-def test_every_algorithm_learns_digits_with_its_defaults(algorithm, tmp_path):
-    summary = train(RunConfig(algorithm=algorithm, ranks=4), tmp_path, timeout=240)
+def test_every_algorithm_learns_digits_with_its_defaults(algorithm, engines, tmp_path):
+    summary = engines(RunConfig(algorithm=algorithm, ranks=4), tmp_path)
     assert summary["final_test_accuracy"] >= 0.88, summary
     assert SUMMARY_KEYS <= set(summary)
     assert summary["bytes_sent"] > 0 and 0 < summary["comm_fraction"] < 1
@@ -43,12 +44,14 @@ def test_every_algorithm_learns_digits_with_its_defaults(algorithm, tmp_path):
     assert sum(m["kind"] == "eval" for m in metrics) >= 5
 
 
-def test_sync_easgd_is_bitwise_deterministic(tmp_path):
+def test_sync_easgd_is_bitwise_deterministic(engines, tmp_path):
+    """The same bits from two runs of a seed, on the engines and under a new mpiexec job alike."""
     cfg = RunConfig(algorithm="sync-easgd", ranks=4, epochs=3, collective="ring")
-    first = train(cfg, tmp_path / "a")["weights_checksum"]
-    assert train(cfg, tmp_path / "b")["weights_checksum"] == first
+    first = engines(cfg, tmp_path / "a")["weights_checksum"]
+    assert engines(cfg, tmp_path / "b")["weights_checksum"] == first
+    assert train(cfg, tmp_path / "job")["weights_checksum"] == first
     other_seed = RunConfig(algorithm="sync-easgd", ranks=4, epochs=3, collective="ring", seed=1)
-    assert train(other_seed, tmp_path / "c")["weights_checksum"] != first
+    assert engines(other_seed, tmp_path / "c")["weights_checksum"] != first
 
 
 def test_failure_keeps_a_valid_checkpoint_and_resume_equals_uninterrupted(tmp_path):
@@ -91,8 +94,8 @@ def test_a_diverging_run_stops_with_a_clear_message(tmp_path):
     assert "training diverged; lower lr" in str(info.value)
 
 
-def test_trace_is_chrome_trace_json_covering_the_run(tmp_path):
-    summary = train(RunConfig(algorithm="sync-easgd", ranks=3, epochs=3), tmp_path)
+def test_trace_is_chrome_trace_json_covering_the_run(engines, tmp_path):
+    summary = engines(RunConfig(algorithm="sync-easgd", ranks=3, epochs=3), tmp_path)
     events = load_trace(tmp_path)
     spans = [e for e in events if e["ph"] == "X"]
     assert {e["pid"] for e in spans} == {0, 1, 2}
@@ -110,8 +113,8 @@ def test_trace_is_chrome_trace_json_covering_the_run(tmp_path):
         assert any(e["name"].startswith("allreduce:") for e in mine)
 
 
-def test_original_easgd_serves_in_strict_rank_order(tmp_path):
-    train(RunConfig(algorithm="easgd", ranks=4, epochs=2), tmp_path)
+def test_original_easgd_serves_in_strict_rank_order(engines, tmp_path):
+    engines(RunConfig(algorithm="easgd", ranks=4, epochs=2), tmp_path)
     spans = [e for e in load_trace(tmp_path) if e["ph"] == "X"]
     served = [e["args"]["source"] for e in sorted(spans, key=lambda e: e["ts"])
               if e.get("name") == "receive" and e["pid"] == 0]
@@ -120,10 +123,10 @@ def test_original_easgd_serves_in_strict_rank_order(tmp_path):
     assert served[:30] == [1, 2, 3] * 10
 
 
-def test_hogwild_serves_each_worker_on_its_own_thread_and_async_on_one(tmp_path):
+def test_hogwild_serves_each_worker_on_its_own_thread_and_async_on_one(engines, tmp_path):
     tids = {}
     for name in ("hogwild-easgd", "async-easgd"):
-        train(RunConfig(algorithm=name, ranks=4, epochs=2), tmp_path / name)
+        engines(RunConfig(algorithm=name, ranks=4, epochs=2), tmp_path / name)
         by_source = defaultdict(set)
         for e in load_trace(tmp_path / name):
             if e.get("name") == "apply" and e["pid"] == 0:
