@@ -2,10 +2,12 @@
 baselines, and every registered algorithm at equal epochs on LeNet.
 
     python benchmarks/accuracy.py [--sections anchors,table,explain] [--epochs 5] [--seeds 0] [--lrs default,0.03]
-                                  [--models mlp,lenet] [--batch-size 32] [--json FILE]
+                                  [--models mlp,lenet] [--batch-size 32] [--lr-schedule cosine]
+                                  [--json FILE]
 
 - ``anchors``: sync-SGD on 4 ranks, the MLP (784-64-10) and LeNet-5 (``--models``), ``--epochs`` epochs,
-  batch 32 per worker (``--batch-size``), evaluated once an epoch; goals: MLP >= 0.86 and LeNet >= 0.89 within 5 epochs. Beside them
+  batch 32 per worker (``--batch-size``), the learning rate constant or ``--lr-schedule`` (cosine, step), evaluated
+  once an epoch; goals: MLP >= 0.86 and LeNet >= 0.89 within 5 epochs. Beside them
   the published figures of Debian's dataset-fashion-mnist README (its benchmark table: "MLP 256-128-100"
   0.8833, "2 Conv+pooling" 0.876 and 0.916; the package's benchmark/baselines.json holds only the scikit-learn
   grid, no accuracies).
@@ -30,7 +32,7 @@ from tabulate import tabulate
 
 from workbench.bench.machine import Load, describe
 from workbench.config import RunConfig
-from workbench.optim.registry import ALGORITHMS
+from workbench.optim.registry import ALGORITHMS, LR_SCHEDULES
 from workbench.runtime.launch.batch import train
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -59,22 +61,23 @@ def run(algorithm: str, model: str, epochs: int, seed: int, out: Path, lr: float
     evals = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     curve = [round(e["test_accuracy"], 4) for e in evals if e.get("kind") == "eval" and not e.get("final")]
     return {"algorithm": algorithm, "model": model, "epochs": epochs, "seed": seed, "ranks": cfg.ranks, "batch_size": batch,
+            "lr_schedule": cfg.lr_schedule,
             "hyper": s["hyper"], "final_test_accuracy": s["final_test_accuracy"], "accuracy_per_epoch": curve,
             "wall_seconds": s["wall_seconds"], "wire_bytes_per_rank": s["wire_bytes"],
             "comm_fraction": s["comm_fraction"], "memory_per_rank": s.get("memory_per_rank")}
 
 
 def anchors(epochs: int, seeds: list[int], lrs: list[float | None], tmp: Path, models=tuple(GOALS),
-            batch: int = BATCH) -> list[dict]:
-    records = [run("sync-sgd", model, epochs, seed, tmp / f"anchor-{model}-{seed}-{lr}", lr, batch=batch)
-               for model in models for lr in lrs for seed in seeds]
+            batch: int = BATCH, lr_schedule: str = "constant") -> list[dict]:
+    records = [run("sync-sgd", model, epochs, seed, tmp / f"anchor-{model}-{seed}-{lr}", lr, batch=batch,
+                   lr_schedule=lr_schedule) for model in models for lr in lrs for seed in seeds]
     ref = published()
-    rows = [[r["model"], f"{r['hyper']['lr']:g}", r["batch_size"], r["seed"], f"{r['final_test_accuracy']:.4f}", " ".join(f"{a:.3f}" for a in r["accuracy_per_epoch"]),
+    rows = [[r["model"], f"{r['hyper']['lr']:g}", r.get("lr_schedule", "constant"), r["batch_size"], r["seed"], f"{r['final_test_accuracy']:.4f}", " ".join(f"{a:.3f}" for a in r["accuracy_per_epoch"]),
              f">= {GOALS[r['model']]}", "met" if r["final_test_accuracy"] >= GOALS[r["model"]] else "NOT met",
              f"{r['wall_seconds']:.0f}"] for r in records]
     print(f"\nsync-SGD on Fashion-MNIST, {WORKERS} ranks, {epochs} epochs "
           f"(published: {', '.join(f'{k} {v}' for k, v in ref.items())})")
-    print(tabulate(rows, headers=["model", "lr", "batch", "seed", "final acc", "acc per epoch", "goal", "", "train s"]))
+    print(tabulate(rows, headers=["model", "lr", "schedule", "batch", "seed", "final acc", "acc per epoch", "goal", "", "train s"]))
     return records
 
 
@@ -117,6 +120,8 @@ def main() -> None:
                                                              "('default': the algorithm's, 0.1 with momentum 0.9)")
     parser.add_argument("--models", default=",".join(GOALS), help="the anchors' models, comma-separated")
     parser.add_argument("--batch-size", type=int, default=BATCH, help="the anchors' batch per worker")
+    parser.add_argument("--lr-schedule", default="constant", choices=LR_SCHEDULES,
+                        help="the anchors' learning-rate schedule over the run")
     parser.add_argument("--json", default=str(RESULTS / "accuracy_fashion_mnist.json"))
     args = parser.parse_args()
     sections = args.sections.split(",")
@@ -132,8 +137,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         if "anchors" in sections:
             lrs = [None if v == "default" else float(v) for v in args.lrs.split(",")]
-            new = anchors(args.epochs, seeds, lrs, Path(tmp), args.models.split(","), args.batch_size)
-            key = lambda r: (r["model"], r["hyper"]["lr"], r["seed"], r["epochs"], r.get("batch_size", BATCH))  # noqa: E731
+            new = anchors(args.epochs, seeds, lrs, Path(tmp), args.models.split(","), args.batch_size, args.lr_schedule)
+            key = lambda r: (r["model"], r["hyper"]["lr"], r["seed"], r["epochs"], r.get("batch_size", BATCH),  # noqa: E731
+                             r.get("lr_schedule", "constant"))
             report["anchors"] = [r for r in report.get("anchors", []) if key(r) not in {key(n) for n in new}] + new
         if "table" in sections:
             report["table"] = table(args.epochs, seeds[0], Path(tmp))

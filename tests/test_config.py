@@ -119,6 +119,15 @@ def test_one_declared_option_reaches_every_reader(tmp_path):
     assert "label_smoothing" in sweep.store.runs().columns
 
 
+def test_lr_schedule_is_checked_before_any_process_starts():
+    from workbench.cli import build_parser
+    from workbench.cli.training import _config
+    with pytest.raises(ConfigError, match=r"^lr_schedule must be one of constant, cosine, step; got 'linear'$"):
+        RunConfig(lr_schedule="linear")
+    args = build_parser().parse_args(["train", "--algorithm", "sync-sgd", "--lr-schedule", "cosine"])
+    assert _config(args, "sync-sgd").lr_schedule == "cosine" and RunConfig().lr_schedule == "constant"
+
+
 def test_label_smoothing_reaches_the_ranks_loss(tmp_path):
     """The rank's loss uses it: smoothing raises the training loss's floor (same seed, same batches)."""
     from workbench.runtime.launch.batch import train

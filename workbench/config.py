@@ -24,7 +24,7 @@ from .checks import integer
 from .comm.hookspec import check_hook
 from .comm.names import algorithm_names as collective_names
 from .comm.options import PRESETS, WIRE_DTYPES, Communication, CommunicationError, resolve
-from .optim.registry import ALGORITHMS
+from .optim.registry import ALGORITHMS, LR_SCHEDULES
 from .options import (ConfigError, Option, boolean_check, dict_check, integer_check, number_check, one_of, option,
                       optional_integer_check, string_check)
 
@@ -90,6 +90,10 @@ class RunConfig:
     epochs: int = option(10, "passes over each worker's shard", check=integer_check(1), type=int)
     lr: float | None = option(None, "learning rate (default: the algorithm's)",
                               check=number_check(lambda v: v > 0, "> 0", optional=True), type=float)
+    lr_schedule: str = option("constant", "learning rate over the run: constant, cosine (from lr towards 0 at the "
+                                          "last step) or step (lr/10 at half the run, lr/100 at three quarters); "
+                                          "a master-based algorithm's master follows its arrivals",
+                              check=one_of(lambda: LR_SCHEDULES), metavar="SCHEDULE")
     rho: float | None = option(None, "elastic coefficient (default: p*lr*rho = 0.9)",
                                check=number_check(lambda v: v >= 0, ">= 0", optional=True), type=float,
                                uses=lambda s: s.elastic,

@@ -7,7 +7,8 @@ is what ``run.wait()`` returns and what the dashboard replays.
 
 ``history`` has one row per metric record: ``kind`` (``"train"``: one worker's loss at a step;
 ``"eval"``: test accuracy/loss of the center or the model at an evaluation point), ``rank``,
-``t`` (seconds since the ranks' common start), and ``step``, ``loss``, ``test_accuracy``,
+``t`` (seconds since the ranks' common start), and ``step``, ``loss``, ``lr`` (the learning rate of
+that step, or of a master's arrival at an evaluation: ``RunConfig.lr_schedule``), ``test_accuracy``,
 ``test_loss``, ``epoch``, ``arrivals``, ``final`` where they apply.
 """
 from __future__ import annotations
@@ -23,7 +24,7 @@ import pandas as pd
 from .summary import STATUSES, Summary, status_of  # noqa: F401 - STATUSES re-exported
 from .telemetry import chrome_trace
 
-HISTORY_COLUMNS = ["kind", "rank", "step", "t", "loss", "test_accuracy", "test_loss", "epoch",
+HISTORY_COLUMNS = ["kind", "rank", "step", "t", "loss", "lr", "test_accuracy", "test_loss", "epoch",
                    "arrivals", "final"]
 
 

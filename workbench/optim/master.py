@@ -100,17 +100,17 @@ class ElasticWorker:
                 with ctx.span("update", "compute"):
                     if self.momentum:
                         new_x, self.velocity = rules.momentum_elastic_worker(
-                            x, self.velocity, g, self.center, cfg.hyper.lr, cfg.hyper.rho, cfg.hyper.momentum)
+                            x, self.velocity, g, self.center, ctx.lr(step), cfg.hyper.rho, cfg.hyper.momentum)
                     else:
-                        new_x = rules.elastic_worker(x, g, self.center, cfg.hyper.lr, cfg.hyper.rho)
+                        new_x = rules.elastic_worker(x, g, self.center, ctx.lr(step), cfg.hyper.rho)
                     x.copy_(new_x)
             else:
                 ctx.gradient(step)
                 with ctx.span("update", "compute"):
                     if self.momentum:
-                        new_x, self.velocity = rules.momentum_sgd(x, self.velocity, g, cfg.hyper.lr, cfg.hyper.momentum)
+                        new_x, self.velocity = rules.momentum_sgd(x, self.velocity, g, ctx.lr(step), cfg.hyper.momentum)
                     else:
-                        new_x = rules.sgd(x, g, cfg.hyper.lr)
+                        new_x = rules.sgd(x, g, ctx.lr(step))
                     x.copy_(new_x)
         ctx.comm.Send(b"", dest=0, tag=TAG_DONE)
         return x
@@ -149,7 +149,7 @@ class GradientWorker:
                 pushed.zero_()
             else:
                 with ctx.span("update", "compute"):
-                    x.copy_(rules.sgd(x, g, cfg.hyper.lr))  # local progress between pushes
+                    x.copy_(rules.sgd(x, g, ctx.lr(step)))  # local progress between pushes
         ctx.comm.Send(b"", dest=0, tag=TAG_DONE)
         return x
 
@@ -201,18 +201,18 @@ class Master:
         steps = planned_steps(self.ctx.data.train_samples, cfg.workers, cfg.batch_size, cfg.epochs)
         return sum(-(-s // cfg.tau) for s in steps)  # exchanges per worker: ceil(steps / tau)
 
-    def apply(self, payload: torch.Tensor, reply: torch.Tensor) -> None:
-        """Apply one arrival to ``state`` in place, and fill ``reply`` for the worker."""
+    def apply(self, payload: torch.Tensor, reply: torch.Tensor, lr: float) -> None:
+        """Apply one arrival to ``state`` in place at learning rate ``lr``, and fill ``reply`` for the worker."""
         cfg = self.ctx.cfg
         if self.elastic:  # the worker gets the center as it was before its own contribution
             reply.copy_(self.state)
-            self.state.copy_(rules.elastic_center(self.state, payload, cfg.hyper.lr, cfg.hyper.rho))
+            self.state.copy_(rules.elastic_center(self.state, payload, lr, cfg.hyper.rho))
         else:
             if cfg.hyper.momentum:
-                new, velocity = rules.momentum_sgd(self.state, self.velocity, payload, cfg.hyper.lr, cfg.hyper.momentum)
+                new, velocity = rules.momentum_sgd(self.state, self.velocity, payload, lr, cfg.hyper.momentum)
                 self.velocity.copy_(velocity)
             else:
-                new = rules.sgd(self.state, payload, cfg.hyper.lr)
+                new = rules.sgd(self.state, payload, lr)
             self.state.copy_(new)
             reply.copy_(self.state)
 
@@ -224,18 +224,19 @@ class Master:
                                                                "velocity": self.velocity.clone()})
 
     def serve_one(self, source: int, payload: torch.Tensor, reply: torch.Tensor) -> None:
-        ctx = self.ctx
+        ctx, cfg = self.ctx, self.ctx.cfg
         with ctx.span("receive", "comm", source=source):
             self.msg.recv(payload, source, TAG_PUSH)
+        n = next(self.arrivals)  # this arrival's number: the schedule follows the master's arrivals
+        lr = rules.scheduled_lr(cfg.hyper.lr, cfg.lr_schedule, n - 1, self.total_arrivals)
         with ctx.span("apply", "compute", source=source):
-            self.apply(payload, reply)
+            self.apply(payload, reply, lr)
         with ctx.span("reply", "comm", dest=source):
             self.msg.send(reply, source, TAG_REPLY)
-        n = next(self.arrivals)
         self._checkpoint(n)
         if ctx.is_eval_point(n, self.total_arrivals):
             with self._eval_lock:
-                ctx.evaluate(self.state, arrivals=n)
+                ctx.evaluate(self.state, arrivals=n, lr=lr)
 
     def run(self, resume_dir=None) -> torch.Tensor:
         if resume_dir is not None:

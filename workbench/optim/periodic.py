@@ -46,19 +46,19 @@ class InnerOptimizer:
 
     def __init__(self, cfg, like: torch.Tensor) -> None:
         hyper = cfg.hyper
-        self.kind, self.lr, self.momentum, self.weight_decay = cfg.inner_optimizer, hyper.lr, hyper.momentum, \
-            cfg.weight_decay
+        self.kind, self.momentum, self.weight_decay = cfg.inner_optimizer, hyper.momentum, cfg.weight_decay
         self.v = torch.zeros_like(like)
         self.m = torch.zeros_like(like) if self.kind == "adamw" else None
         self.t = 0
 
-    def step(self, x: torch.Tensor, grad: torch.Tensor) -> None:
+    def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
+        """One step at learning rate ``lr`` (the run's schedule: :meth:`Context.lr`)."""
         self.t += 1
         if self.kind == "adamw":
-            new, self.m, self.v = rules.adamw(x, self.m, self.v, grad, self.t, self.lr, self.weight_decay)
+            new, self.m, self.v = rules.adamw(x, self.m, self.v, grad, self.t, lr, self.weight_decay)
         else:
             g = grad + self.weight_decay * x if self.weight_decay else grad
-            new, self.v = rules.momentum_sgd(x, self.v, g, self.lr, self.momentum)
+            new, self.v = rules.momentum_sgd(x, self.v, g, lr, self.momentum)
         x.copy_(new)
 
     def state(self) -> dict:
@@ -123,14 +123,14 @@ class PeriodicAlgorithm(SyncAlgorithm):
         with ctx.span("reduce_gradients", "comm"):
             reduce_flat(ctx, ctx.flat.grad)
         with ctx.span("update", "compute"):
-            self.inner.step(ctx.flat.data, ctx.flat.grad / ctx.size)
+            self.inner.step(ctx.flat.data, ctx.flat.grad / ctx.size, ctx.lr(step))
             self.center.copy_(ctx.flat.data)
 
     def local_step(self, step: int) -> None:
         ctx = self.ctx
         ctx.gradient(step)
         with ctx.span("update", "compute"):
-            self.inner.step(ctx.flat.data, ctx.flat.grad)
+            self.inner.step(ctx.flat.data, ctx.flat.grad, ctx.lr(step))
 
     def sync_due(self, done: int) -> bool:
         """After the warm-up: every ``sync_every`` steps, and at the last step."""

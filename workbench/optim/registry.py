@@ -17,6 +17,10 @@ from importlib import import_module
 _SYNC, _MASTER, _PERIODIC = "workbench.optim.sync", "workbench.optim.master", "workbench.optim.periodic"
 
 
+#: learning-rate schedules over a run (``RunConfig.lr_schedule``; :func:`~workbench.optim.rules.scheduled_lr`)
+LR_SCHEDULES = ("constant", "cosine", "step")
+
+
 @dataclass(frozen=True)
 class AlgorithmSpec:
     """One training algorithm: what it is and which classes run it.

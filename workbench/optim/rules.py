@@ -7,7 +7,11 @@ maths through these functions, so the maths lives in one readable place.
 """
 from __future__ import annotations
 
+import math
+
 from torch import Tensor
+
+from .registry import LR_SCHEDULES
 
 
 def elastic_worker(x: Tensor, grad: Tensor, center: Tensor, lr: float, rho: float) -> Tensor:
@@ -86,3 +90,18 @@ def mix(local: Tensor, outer: Tensor, alpha: float) -> Tensor:
     """Streaming DiLoCo's merge when a fragment's outer update arrives: ``alpha*local + (1-alpha)*outer``
     (``alpha = 0``: the local weights are replaced, as in DiLoCo)."""
     return alpha * local + (1 - alpha) * outer
+
+
+def scheduled_lr(lr: float, schedule: str, done: int, total: int) -> float:
+    """The learning rate after ``done`` of ``total`` steps (or a master's arrivals): ``constant``
+    is ``lr`` itself; ``cosine`` is ``lr * (1 + cos(pi * done / total)) / 2`` (``lr`` at the first
+    step, towards 0 at the last); ``step`` divides ``lr`` by 10 at half the run and again at three
+    quarters (the schedule of He et al.'s ResNets, by share of the run rather than by epoch)."""
+    if schedule == "constant" or total <= 0:
+        return lr
+    share = min(max(done / total, 0.0), 1.0)
+    if schedule == "cosine":
+        return lr * 0.5 * (1.0 + math.cos(math.pi * share))
+    if schedule == "step":
+        return lr * (0.01 if share >= 0.75 else 0.1 if share >= 0.5 else 1.0)
+    raise ValueError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {schedule!r}")

@@ -171,7 +171,7 @@ class SyncSGD(SyncAlgorithm):
         if not apply:  # a wire overflow on some rank: every rank skips this step
             return
         with ctx.span("update", "compute"):
-            x, self.velocity = gradient_step(ctx.flat.data, self.velocity, reducer, ctx.size, cfg.hyper.lr,
+            x, self.velocity = gradient_step(ctx.flat.data, self.velocity, reducer, ctx.size, ctx.lr(step),
                                              cfg.hyper.momentum)
             ctx.flat.data.copy_(x)
 
@@ -182,11 +182,11 @@ class SyncEASGD(SyncAlgorithm):
 
     def step(self, step: int) -> None:
         ctx, cfg = self.ctx, self.ctx.cfg
-        x = ctx.flat.data
+        x, lr = ctx.flat.data, ctx.lr(step)
         if step % cfg.tau:  # a local step between elastic exchanges
             ctx.gradient(step)
             with ctx.span("update", "compute"):
-                x.copy_(rules.sgd(x, ctx.flat.grad, cfg.hyper.lr))
+                x.copy_(rules.sgd(x, ctx.flat.grad, lr))
             return
         x_sum = x.clone()  # pre-step weights, summed while the gradient is computed
         if cfg.overlap:
@@ -199,6 +199,6 @@ class SyncEASGD(SyncAlgorithm):
             ctx.gradient(step)
         with ctx.span("update", "compute"):
             p = ctx.size
-            new_x = rules.elastic_worker(x, ctx.flat.grad, self.center, cfg.hyper.lr, cfg.hyper.rho)
-            self.center = rules.elastic_center_sync(self.center, x_sum / p, cfg.hyper.lr, cfg.hyper.rho, p)
+            new_x = rules.elastic_worker(x, ctx.flat.grad, self.center, lr, cfg.hyper.rho)
+            self.center = rules.elastic_center_sync(self.center, x_sum / p, lr, cfg.hyper.rho, p)
             x.copy_(new_x)

@@ -19,6 +19,7 @@ from mpi4py import MPI
 from ... import data as data_mod
 from ... import models
 from ...config import RunConfig
+from ...optim import rules
 from ...summary import planned_steps
 from ...telemetry import Telemetry
 from ..rundir import CANCEL_FILE
@@ -120,6 +121,10 @@ class Context:
         return time.perf_counter() - self.t0
 
     # -- compute ---------------------------------------------------------------------------
+    def lr(self, step: int) -> float:
+        """The learning rate of this worker's ``step``: ``RunConfig.lr_schedule`` over its planned steps."""
+        return rules.scheduled_lr(self.cfg.hyper.lr, self.cfg.lr_schedule, step, self.steps)
+
     def gradient(self, step: int) -> float:
         """Forward and backward on this worker's batch for ``step``; gradient in ``flat.grad``.
 
@@ -141,6 +146,7 @@ class Context:
             raise TrainingError(f"loss is {value} on rank {self.rank} at step {step}: training "
                                 f"diverged; lower lr (now {cfg.hyper.lr:g}) or rho (now {cfg.hyper.rho:g})")
         self.add_metric({"kind": "train", "rank": self.rank, "step": step, "t": self.now(), "loss": value,
+                         "lr": self.lr(step),
                          "wire_bytes": self.traffic["wire_bytes"]})  # so far: the live bytes per step
         return value
 
