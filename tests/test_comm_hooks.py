@@ -1,6 +1,6 @@
 """A user's communication hook, ``RunConfig(comm_hook="module:function")``: checked without
-importing it, loaded by the ranks, run for every bucket of a real sync-sgd run under mpiexec,
-and wrapped in wire precision like the built-in hooks."""
+importing it, loaded by the ranks, run for every bucket of real sync-sgd runs (on engines started
+with the module on their path), and wrapped in wire precision like the built-in hooks."""
 from __future__ import annotations
 
 import os
@@ -10,7 +10,8 @@ import pytest
 
 from workbench.comm.hookspec import check_hook, load_hook
 from workbench.config import ConfigError, RunConfig
-from workbench.runtime.launch.batch import train
+
+from engines_fixture import private_cluster
 
 #: the user's module: ``counting`` does what the built-in dense hook does and counts its calls
 #: (each rank writes its count to a file); ``halving`` sums, then halves the sum
@@ -35,6 +36,19 @@ not_a_function = 3
 '''
 
 RANKS, TENSORS = 3, 4  # the digits MLP: two Linear layers, weight and bias each
+
+
+@pytest.fixture(scope="module")
+def hook_engines(tmp_path_factory):
+    """``(train, folder)``: engines started with the module on their path (PYTHONPATH), writing their
+    call counts into ``folder``; ``train(cfg, name)`` runs ``cfg`` on them into ``folder / name``."""
+    folder = tmp_path_factory.mktemp("hooks")
+    (folder / "wb_user_hooks.py").write_text(USER_HOOKS)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
+        mp.setenv("WB_HOOK_CALLS", str(folder))
+        with private_cluster(folder) as cluster:
+            yield (lambda cfg, name: cluster.train(cfg, folder / name, store=False).wait(timeout=240).summary), folder
 
 
 @pytest.fixture
@@ -82,15 +96,17 @@ def test_a_user_hook_does_not_combine_with_sparse_communication():
 
 
 @pytest.mark.mpi
-def test_a_user_hook_runs_for_every_bucket_and_changes_what_it_should(user_hooks):
+def test_a_user_hook_runs_for_every_bucket_and_changes_what_it_should(hook_engines):
     """``counting`` reduces as the built-in hook does: the same weights bit for bit, the same
     bytes, called once per bucket and step on every rank; under fp16 it is wrapped in wire
     precision as the built-in one is (the same bits again); ``halving`` is the run at half the
     learning rate (halving is exact in binary floating point)."""
     base = dict(algorithm="sync-sgd", ranks=RANKS, epochs=1, collective="ring", fusion_bytes=0, overlap=True)
 
+    train, user_hooks = hook_engines
+
     def run(name, **extra):
-        return train(RunConfig(**base, **extra), user_hooks / name, timeout=240)
+        return train(RunConfig(**base, **extra), name)
     default, counted = run("default"), run("counting", comm_hook="wb_user_hooks:counting")
     assert counted["weights_checksum"] == default["weights_checksum"]
     assert counted["wire_bytes"] == default["wire_bytes"] > 0

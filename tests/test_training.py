@@ -106,7 +106,8 @@ def test_failure_keeps_a_valid_checkpoint_and_resume_equals_uninterrupted(tmp_pa
     assert resumed["weights_checksum"] == whole["weights_checksum"]
 
 
-@pytest.mark.parametrize("algorithm", ["async-easgd", "async-sgd", "hogwild-easgd"])
+# async-sgd: a gradient worker and the master; hogwild-easgd: an elastic worker and the threaded master
+@pytest.mark.parametrize("algorithm", ["async-sgd", "hogwild-easgd"])
 def test_asynchronous_runs_checkpoint_per_rank_and_resume(tmp_path, algorithm):
     base = dict(algorithm=algorithm, ranks=3, epochs=4, checkpoint_every=20)
     with pytest.raises(MPILaunchError) as info:
