@@ -44,4 +44,3 @@ def mpi(tmp_path, monkeypatch):
             pytest.fail(str(exc), pytrace=False)
 
     return launch
-

@@ -38,7 +38,12 @@ def private_cluster(scratch: Path, n: int = 4):
                 os.environ[key] = value
 
 
+def trainer(cluster):
+    """``train(cfg, run_dir, timeout=240) -> summary`` on ``cluster`` (nothing recorded in the store)."""
+    return lambda cfg, run_dir, timeout=240: cluster.train(cfg, run_dir, store=False).wait(timeout=timeout).summary
+
+
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     with private_cluster(tmp_path_factory.mktemp("engines")) as cluster:
-        yield lambda cfg, run_dir, timeout=240: cluster.train(cfg, run_dir, store=False).wait(timeout=timeout).summary
+        yield trainer(cluster)

@@ -11,7 +11,7 @@ import pytest
 from workbench.comm.hookspec import check_hook, load_hook
 from workbench.config import ConfigError, RunConfig
 
-from engines_fixture import private_cluster
+from engines_fixture import private_cluster, trainer
 
 #: the user's module: ``counting`` does what the built-in dense hook does and counts its calls
 #: (each rank writes its count to a file); ``halving`` sums, then halves the sum
@@ -41,14 +41,14 @@ RANKS, TENSORS = 3, 4  # the digits MLP: two Linear layers, weight and bias each
 @pytest.fixture(scope="module")
 def hook_engines(tmp_path_factory):
     """``(train, folder)``: engines started with the module on their path (PYTHONPATH), writing their
-    call counts into ``folder``; ``train(cfg, name)`` runs ``cfg`` on them into ``folder / name``."""
+    call counts into ``folder``; ``train(cfg, run_dir)`` runs ``cfg`` on them (:func:`trainer`)."""
     folder = tmp_path_factory.mktemp("hooks")
     (folder / "wb_user_hooks.py").write_text(USER_HOOKS)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
         mp.setenv("WB_HOOK_CALLS", str(folder))
         with private_cluster(folder) as cluster:
-            yield (lambda cfg, name: cluster.train(cfg, folder / name, store=False).wait(timeout=240).summary), folder
+            yield trainer(cluster), folder
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def test_a_user_hook_runs_for_every_bucket_and_changes_what_it_should(hook_engin
     train, user_hooks = hook_engines
 
     def run(name, **extra):
-        return train(RunConfig(**base, **extra), name)
+        return train(RunConfig(**base, **extra), user_hooks / name)
     default, counted = run("default"), run("counting", comm_hook="wb_user_hooks:counting")
     assert counted["weights_checksum"] == default["weights_checksum"]
     assert counted["wire_bytes"] == default["wire_bytes"] > 0

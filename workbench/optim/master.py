@@ -228,7 +228,7 @@ class Master:
         with ctx.span("receive", "comm", source=source):
             self.msg.recv(payload, source, TAG_PUSH)
         n = next(self.arrivals)  # this arrival's number: the schedule follows the master's arrivals
-        lr = rules.scheduled_lr(cfg.hyper.lr, cfg.lr_schedule, n - 1, self.total_arrivals)
+        lr = rules.scheduled_lr(ctx.base_lr, cfg.lr_schedule, n - 1, self.total_arrivals)
         with ctx.span("apply", "compute", source=source):
             self.apply(payload, reply, lr)
         with ctx.span("reply", "comm", dest=source):

@@ -40,6 +40,7 @@ class Context:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.out_dir = out_dir
         torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+        self.base_lr = cfg.hyper.lr  # the schedule's start (RunConfig.hyper computes it: once, not per step)
         master = cfg.spec.master_based
         self.worker_index = (self.rank - 1 if self.rank > 0 else None) if master else self.rank
         # each rank holds its own shard only, and the test set only where it evaluates (rank 0:
@@ -123,7 +124,7 @@ class Context:
     # -- compute ---------------------------------------------------------------------------
     def lr(self, step: int) -> float:
         """The learning rate of this worker's ``step``: ``RunConfig.lr_schedule`` over its planned steps."""
-        return rules.scheduled_lr(self.cfg.hyper.lr, self.cfg.lr_schedule, step, self.steps)
+        return rules.scheduled_lr(self.base_lr, self.cfg.lr_schedule, step, self.steps)
 
     def gradient(self, step: int) -> float:
         """Forward and backward on this worker's batch for ``step``; gradient in ``flat.grad``.
