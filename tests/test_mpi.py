@@ -33,24 +33,6 @@ def collected() -> dict[str, int]:
     return counts
 
 
-@pytest.fixture(scope="module")
-def case_count(collected) -> int:
-    """How many cases tests/mpi/allreduce_cases.py holds."""
-    return collected["tests/mpi/allreduce_cases.py"]
-
-
-@pytest.fixture(scope="module")
-def nonblocking_count(collected) -> int:
-    """How many cases tests/mpi/nonblocking_cases.py holds."""
-    return collected["tests/mpi/nonblocking_cases.py"]
-
-
-@pytest.fixture(scope="module")
-def strategy_count(collected) -> int:
-    """How many cases tests/mpi/strategy_cases.py holds."""
-    return collected["tests/mpi/strategy_cases.py"]
-
-
 def assert_every_rank_passed(result, nranks: int, expected: int) -> None:
     """Every rank's pytest summary says ``expected`` passed, nothing failed or errored."""
     for rank in range(nranks):
@@ -62,34 +44,24 @@ def assert_every_rank_passed(result, nranks: int, expected: int) -> None:
 
 
 @pytest.mark.parametrize("nranks", [1, 2, 3, 4])  # 3: the non-power-of-two case (3 = 2 + 1 as 5 = 4 + 1)
-def test_allreduce_cases_under_mpiexec(mpi, nranks, case_count):
-    """Every algorithm x dtype x odd length, numpy and torch, against MPI_Allreduce."""
-    result = mpi(nranks, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                 "tests/mpi/allreduce_cases.py", timeout=280)
-    assert case_count > 190
-    assert_every_rank_passed(result, nranks, case_count)
+def test_case_suites_under_mpiexec(mpi, nranks, collected):
+    """The three case suites in one job per rank count (one torch import a rank instead of three):
 
-
-@pytest.mark.parametrize("nranks", [2, 3, 4])  # 3: the non-power-of-two case; one rank: allreduce_cases
-def test_nonblocking_cases_under_mpiexec(mpi, nranks, nonblocking_count):
-    """iallreduce: every algorithm x dtype x odd length against the blocking path, handles in
-    flight together and waited in rank-dependent orders, progress(), timeouts, mismatches."""
-    result = mpi(nranks, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                 "tests/mpi/nonblocking_cases.py", timeout=240)
-    assert nonblocking_count > 100
-    assert_every_rank_passed(result, nranks, nonblocking_count)
-
-
-@pytest.mark.parametrize("nranks", [1, 2, 3, 4])
-def test_strategy_cases_under_mpiexec(mpi, nranks, strategy_count):
-    """GradientFlow's strategies on real models: fusion buckets and message counts, fused sums
-    against a per-tensor blocking all-reduce, overlap, CSC's selection (identical on every rank),
-    wire bytes against the formulas, residual conservation, ratio 1 as momentum SGD, injected
-    wire overflows skipping the step on every rank, and the ablations' code paths."""
-    result = mpi(nranks, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-                 "tests/mpi/strategy_cases.py", timeout=240)
-    assert strategy_count > 100
-    assert_every_rank_passed(result, nranks, strategy_count)
+    - allreduce_cases: every algorithm x dtype x odd length, numpy and torch, against MPI_Allreduce;
+    - nonblocking_cases (2 ranks and more): iallreduce, every algorithm x dtype x odd length against
+      the blocking path, handles in flight together and waited in rank-dependent orders, progress(),
+      timeouts, mismatches;
+    - strategy_cases: GradientFlow's strategies on real models: fusion buckets and message counts,
+      fused sums against a per-tensor blocking all-reduce, overlap, CSC's selection (identical on
+      every rank), wire bytes against the formulas, residual conservation, ratio 1 as momentum SGD,
+      injected wire overflows skipping the step on every rank, and the ablations' code paths.
+    """
+    assert collected["tests/mpi/allreduce_cases.py"] > 190
+    assert collected["tests/mpi/nonblocking_cases.py"] > 100
+    assert collected["tests/mpi/strategy_cases.py"] > 100
+    files = [f for f in CASE_FILES if nranks > 1 or "nonblocking" not in f]
+    result = mpi(nranks, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", *files, timeout=600)
+    assert_every_rank_passed(result, nranks, sum(collected[f] for f in files))
 
 
 @pytest.mark.parametrize("algorithm", [*schedules.SCHEDULES, "native"])

@@ -90,9 +90,9 @@ def test_sync_easgd_is_bitwise_deterministic(engines, tmp_path):
     assert engines(other_seed, tmp_path / "c")["weights_checksum"] != first
 
 
-def test_failure_keeps_a_valid_checkpoint_and_resume_equals_uninterrupted(tmp_path):
+def test_failure_keeps_a_valid_checkpoint_and_resume_equals_uninterrupted(engines, tmp_path):
     base = dict(algorithm="sync-easgd", ranks=4, epochs=6, checkpoint_every=40, collective="ring")
-    whole = train(RunConfig(**base), tmp_path / "whole")
+    whole = engines(RunConfig(**base), tmp_path / "whole")  # the same bits as mpiexec's (determinism test)
     start = time.monotonic()
     with pytest.raises(MPILaunchError) as info:
         train(RunConfig(**base, fail_rank=2, fail_step=95), tmp_path / "broken")

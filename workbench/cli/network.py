@@ -47,7 +47,7 @@ def parse_topology(text: str):
 
 
 def _sim_names() -> tuple[str, ...]:
-    from ..netsim.study import SIM_ALGORITHMS
+    from ..netsim.names import SIM_ALGORITHMS
     return SIM_ALGORITHMS
 
 

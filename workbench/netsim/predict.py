@@ -59,9 +59,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
-import pandas as pd
+if TYPE_CHECKING:  # pandas loads where a table is made: the CLI lists PREDICTABLE without it
+    import pandas as pd
 
 from ..comm.buckets import bucket_bounds
 from ..comm.options import Communication, resolve
@@ -319,6 +320,7 @@ def scaling(profile: Sequence[LayerProfile], ranks_list: Iterable[int], network=
         raise PredictError("ranks_list must name at least one rank count")
     net = network_model(network, collective)   # one model (and one simulator cache) for every row
     rows = [predict(profile, n, net, options, algorithm=algorithm, **kwargs).to_dict() for n in ranks_list]
+    import pandas as pd
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
@@ -332,6 +334,7 @@ def compare(profile: Sequence[LayerProfile], ranks_list: Iterable[int], setups: 
     for label, setup in setups.items():
         frame = scaling(profile, ranks_list, network, **{**kwargs, **setup}).set_index("ranks")
         frames[label] = frame[["speedup", "efficiency", "comm_share"]]
+    import pandas as pd
     return pd.concat(frames, axis=1)
 
 
@@ -351,4 +354,5 @@ def easgd_shares(profile: Sequence[LayerProfile], ranks: Sequence[int] = (4, 16)
             rows.append({"algorithm": algorithm, "overlap": overlap, "ranks": n, "step_s": p.step_s,
                          "comm_s": p.comm_s, "comm_share": p.comm_share, "speedup": p.speedup,
                          "efficiency": p.efficiency})
+    import pandas as pd
     return pd.DataFrame(rows)
