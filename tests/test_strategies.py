@@ -101,6 +101,55 @@ def test_warm_up_ratio_never_rises_and_stays_in_range():
     assert all(warmup_ratio(1.0, e / 3, 5) == 1.0 for e in range(30))  # final 1: dense throughout
 
 
+# -- CSC's and wire precision's kernels: the same results as the plain definitions ----------------
+@pytest.mark.parametrize("n, c", [(1, 4), (64, 8), (67, 8), (200_003, 64)])
+def test_chunk_norms_are_each_chunks_l1_norm_the_tail_over_its_own_elements(n, c):
+    import torch
+
+    from workbench.comm.csc import NORM_BLOCK, chunk_norms
+    torch.manual_seed(n)
+    v = torch.randn(n)
+    expected = torch.stack([v[i:i + c].abs().sum() for i in range(0, n, c)])
+    assert n < NORM_BLOCK or n // c > NORM_BLOCK // c  # the largest case spans several blocks
+    assert torch.equal(chunk_norms(v, c), expected)
+
+
+def test_top_chunks_are_a_stable_sorts_first_keep_ties_nan_and_inf_included():
+    import torch
+
+    from workbench.comm.csc import top_chunks
+
+    def by_sort(norms, keep):
+        order = torch.sort(norms, descending=True, stable=True).indices
+        return torch.sort(order[:keep]).values
+
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(400):
+        n = int(torch.randint(1, 300, (1,), generator=generator))
+        norms = (torch.randint(0, 4, (n,), generator=generator).double() if trial % 2  # many ties
+                 else torch.rand(n, generator=generator, dtype=torch.float64))
+        if trial % 7 == 0:
+            norms[torch.randint(0, n, (2,), generator=generator)] = float("nan")
+        if trial % 5 == 0:
+            norms[torch.randint(0, n, (2,), generator=generator)] = float("inf")
+        keep = int(torch.randint(1, n + 1, (1,), generator=generator))
+        assert torch.equal(top_chunks(norms, keep), by_sort(norms, keep)), (trial, n, keep)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_finite_finds_an_inf_or_a_nan_anywhere(dtype):
+    import torch
+
+    from workbench.comm.precision import finite
+    t = torch.randn(1001).to(getattr(torch, dtype))
+    assert finite(t) and finite(t[:0])
+    for bad in (float("inf"), -float("inf"), float("nan")):
+        for where in (0, 500, 1000):
+            u = t.clone()
+            u[where] = bad
+            assert not finite(u), (bad, where)
+
+
 # -- carried_share: the momentum in CSC's sent accumulator ----------------------------------------
 
 @pytest.mark.parametrize("momentum", [0.5, 0.9, 0.99])

@@ -61,7 +61,7 @@ class CSCState(HookState):
         self.carry_weight = torch.zeros_like(grad)
         self.selection_digest = ""
         self._digest = hashlib.sha256()
-        self._pending: list[tuple[slice, torch.Tensor, float]] = []  # (bucket, sent mask, interval)
+        self._pending: list[tuple[slice, torch.Tensor, float]] = []  # (bucket, chunks sent, interval)
         self._saved: tuple[torch.Tensor, ...] | None = None
 
     def begin_step(self, may_skip: bool = False) -> None:
@@ -87,16 +87,18 @@ class CSCState(HookState):
         self._pending.clear()
 
     def _settle_bucket(self, part: slice, sent: torch.Tensor, interval: float) -> None:
+        """``sent``: the bucket's chunks sent this step (sorted chunk indices)."""
         u, v = self.u[part], self.v[part]
         masked = self.momentum_correction and self.mask_momentum
         if self.carry and masked:  # without a residual, v is u itself: all of it is momentum
-            self.carry_weight[part].masked_fill_(sent, carried_share(interval, self.momentum) if self.residual else 1.0)
+            fill_chunks(self.carry_weight[part], sent, self.chunk,
+                        carried_share(interval, self.momentum) if self.residual else 1.0)
         if self.residual:
-            v.masked_fill_(sent, 0.0)
+            fill_chunks(v, sent, self.chunk, 0.0)
         else:
             v.zero_()
         if masked:
-            u.masked_fill_(sent, 0.0)
+            fill_chunks(u, sent, self.chunk, 0.0)
 
     def accumulate(self, bucket: GradBucket) -> torch.Tensor:
         """Fold the bucket's gradient into u and v; returns v's slice."""
@@ -119,6 +121,41 @@ class CSCState(HookState):
         self.selection_digest = self._digest.hexdigest()
 
 
+def chunked(t: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A 1-D ``t`` as its whole chunks of ``c`` elements, a ``(len(t) // c, c)`` view, and its
+    tail (the last ``len(t) % c`` elements, the last chunk when not empty), both views."""
+    whole = t.numel() // c
+    return t[:whole * c].view(whole, c), t[whole * c:]
+
+
+def fill_chunks(t: torch.Tensor, chunks: torch.Tensor, c: int, value: float) -> None:
+    """Set the chunks ``chunks`` (sorted chunk indices, the tail last) of the 1-D ``t`` to ``value``,
+    touching only them."""
+    rows, tail = chunked(t, c)
+    if chunks.numel() and int(chunks[-1]) == rows.shape[0]:  # the tail chunk
+        tail.fill_(value)
+        chunks = chunks[:-1]
+    rows.index_fill_(0, chunks, value)
+
+
+#: elements per block of :func:`chunk_norms` (a block's absolute values stay in cache)
+NORM_BLOCK = 1 << 16
+
+
+def chunk_norms(v: torch.Tensor, c: int) -> torch.Tensor:
+    """The L1 norm of each chunk of ``c`` elements of the 1-D ``v`` (the tail chunk's over its own
+    elements), a block of rows at a time: no full-size temporary."""
+    rows, tail = chunked(v, c)
+    whole = rows.shape[0]
+    norms = torch.empty(whole + (1 if tail.numel() else 0), dtype=v.dtype)
+    block = max(1, NORM_BLOCK // c)
+    for i in range(0, whole, block):
+        torch.sum(rows[i:i + block].abs(), dim=1, out=norms[i:min(i + block, whole)])
+    if tail.numel():
+        norms[-1] = tail.abs().sum()
+    return norms
+
+
 def csc_hook(state: CSCState, bucket: GradBucket) -> Work:
     """Coarse-grained sparse communication of one bucket (see :class:`CSCState`)."""
     v = state.accumulate(bucket)
@@ -126,41 +163,56 @@ def csc_hook(state: CSCState, bucket: GradBucket) -> Work:
     if n == 0:
         return Work()
     chunks = -(-n // c)
-    rows = torch.zeros(chunks * c, dtype=v.dtype)
-    rows[:n] = v
-    rows = rows.view(chunks, c)
     keep = chunks if state.ratio >= 1.0 else min(chunks, math.ceil(state.ratio * chunks))
     if keep == chunks:  # dense (warm-up or ratio 1): no norms to exchange
-        return _send_chunks(state, bucket, rows, torch.arange(chunks), dense=True)
-    norms = rows.abs().sum(dim=1)
+        return _send_chunks(state, bucket, v, torch.arange(chunks), dense=True)
+    norms = chunk_norms(v, c)
     work = bucket.wire.control(norms, n)
 
-    def select() -> Work:
-        order = torch.sort(norms, descending=True, stable=True).indices  # ties: lower index first
-        return _send_chunks(state, bucket, rows, torch.sort(order[:keep]).values)
-    return work.then(select)
+    return work.then(lambda: _send_chunks(state, bucket, v, top_chunks(norms, keep)))
 
 
-def _send_chunks(state: CSCState, bucket: GradBucket, rows: torch.Tensor, selected: torch.Tensor,
+def top_chunks(norms: torch.Tensor, keep: int) -> torch.Tensor:
+    """The ``keep`` chunks of largest norm, ties to the lower index, as sorted chunk indices: the
+    first ``keep`` of a stable descending sort, found by selection (the keep-th largest norm, the
+    chunks above it, then the tied ones from the lowest index; 955K chunks: 17 ms against 126 ms).
+    Norms with a NaN (an overflow: the step will be skipped) take the sort, where NaN comes first."""
+    if bool(torch.isnan(norms).any()):
+        order = torch.sort(norms, descending=True, stable=True).indices
+        return torch.sort(order[:keep]).values
+    threshold = torch.kthvalue(norms, norms.numel() - keep + 1).values
+    above = (norms > threshold).nonzero().squeeze(1)
+    tied = (norms == threshold).nonzero().squeeze(1)[:keep - above.numel()]
+    return torch.sort(torch.cat([above, tied])).values
+
+
+def _send_chunks(state: CSCState, bucket: GradBucket, v: torch.Tensor, selected: torch.Tensor,
                  dense: bool = False) -> Work:
-    """All-reduce the ``selected`` chunks packed (the last one unpadded); unpack them into the
-    bucket when back, the rest 0. ``dense``: every chunk, counted as the bucket's dense equivalent."""
+    """All-reduce the ``selected`` chunks of ``v`` packed (the last one unpadded); unpack them into
+    the bucket when back, the rest 0. ``dense``: every chunk, counted as the bucket's dense equivalent."""
     state.record(bucket, selected)
-    chunks, c = rows.shape
-    n = bucket.numel
-    packed = rows[selected].reshape(-1)
-    tail = chunks * c - n if selected.numel() and int(selected[-1]) == chunks - 1 else 0
-    message = packed[:packed.numel() - tail] if tail else packed
+    n, c, k = bucket.numel, state.chunk, selected.numel()
+    chunks = -(-n // c)
+    rows, tail = chunked(v, c)
+    with_tail = bool(k) and int(selected[-1]) == rows.shape[0]  # the last, short chunk goes too
+    if dense:
+        message = v.clone()
+    elif with_tail:
+        message = torch.cat([rows[selected[:-1]].reshape(-1), tail])
+    else:
+        message = rows[selected].reshape(-1)
     g = bucket.buffer
 
     def unpack() -> None:
-        out = torch.zeros(chunks * c, dtype=g.dtype)
-        full = torch.zeros(selected.numel() * c, dtype=g.dtype)
-        full[:message.numel()] = message
-        out.view(chunks, c)[selected] = full.view(-1, c)
-        g.copy_(out[:n])
-        mask = torch.zeros(chunks, dtype=torch.bool)
-        mask[selected] = True
+        if dense:
+            g.copy_(message)
+        else:
+            g.zero_()
+            g_rows, g_tail = chunked(g, c)
+            whole = selected[:-1] if with_tail else selected
+            g_rows.index_copy_(0, whole, message[:whole.numel() * c].view(-1, c))
+            if with_tail:
+                g_tail.copy_(message[whole.numel() * c:])
         # settled once the step applies; the bucket's mean send interval: K / chunks sent
-        state._pending.append((slice(bucket.start, bucket.stop), mask.repeat_interleave(c)[:n], chunks / selected.numel()))
+        state._pending.append((slice(bucket.start, bucket.stop), selected, chunks / k))
     return bucket.wire.allreduce(message, n if dense else None).then(unpack)
