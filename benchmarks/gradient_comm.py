@@ -213,8 +213,10 @@ def run_workbench(args, key: str, changes: dict, seed: int, run_dir: Path) -> di
     spe = s["steps_per_worker"] // args.epochs
     warm = cfg.warmup_epochs * spe if cfg.sparse_ratio is not None else 0
     dense_step = s["dense_wire_bytes"] / s["steps_per_worker"]
+    # only a one-epoch warm-up is all dense: a longer one's ratio falls over its later epochs, whose
+    # bytes the summary does not separate
     after = ((s["wire_bytes"] - warm * dense_step) / (s["steps_per_worker"] - warm)
-             if s["steps_per_worker"] > warm else None)
+             if s["steps_per_worker"] > warm and cfg.warmup_epochs <= 1 else None)
     return record(args, key, "workbench " + cfg.communication_options.describe(), seed, s, run_dir,
                   bytes_after_warmup=after, dense_bytes_per_step=dense_step, warmup_steps=warm,
                   options=cfg.communication_options.to_dict())
