@@ -136,9 +136,10 @@ class Wire:
 
     def allreduce(self, tensor: torch.Tensor, dense_elems: int | None = None, *,
                   collective: str | None = None) -> Work:
-        """Start summing ``tensor`` (or a numpy array) over ranks in place. ``dense_elems``: the
-        dense fp32 equivalent of this message in elements (None: none of its own, e.g. a control
-        message)."""
+        """Start summing ``tensor`` (or a numpy array) over ranks in place; the tensor belongs to
+        the message until its :class:`Work` is done (wire precision scales it in place first).
+        ``dense_elems``: the dense fp32 equivalent of this message in elements (None: none of its
+        own, e.g. a control message)."""
         collective = collective or self.collective
         half = tensor.dtype in _HALF
         if half and collective in (AUTO, NATIVE):
