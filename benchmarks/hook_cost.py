@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict:
         row["over_dense_ms"] = row["cpu_ms"] - base["cpu_ms"] if base else None
     report = {"date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "total_seconds": time.time() - started,
               "machine": describe(), "load_average": load.done(), "torch": torch.__version__,
-              "command": "python benchmarks/hook_cost.py " + " ".join(argv if argv is not None else os.sys.argv[1:]),
+              "command": "python benchmarks/hook_cost.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "steps": args.steps, "rows": rows}
     print(tabulate([[r["model"], r["strategy"], f"{r['parameters']:,}", f"{r['cpu_ms']:.0f}", f"{r['wall_ms']:.0f}",
                      "" if r["over_dense_ms"] is None else f"{r['over_dense_ms']:+.0f}"] for r in rows],

@@ -128,14 +128,21 @@ def chunked(t: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:
     return t[:whole * c].view(whole, c), t[whole * c:]
 
 
+def split_tail(chunks: torch.Tensor, whole: int) -> tuple[torch.Tensor, bool]:
+    """Sorted chunk indices as (the whole chunks among them, whether the short tail chunk, index
+    ``whole``, is the last of them)."""
+    with_tail = bool(chunks.numel()) and int(chunks[-1]) == whole
+    return (chunks[:-1] if with_tail else chunks), with_tail
+
+
 def fill_chunks(t: torch.Tensor, chunks: torch.Tensor, c: int, value: float) -> None:
     """Set the chunks ``chunks`` (sorted chunk indices, the tail last) of the 1-D ``t`` to ``value``,
     touching only them."""
     rows, tail = chunked(t, c)
-    if chunks.numel() and int(chunks[-1]) == rows.shape[0]:  # the tail chunk
+    whole, with_tail = split_tail(chunks, rows.shape[0])
+    if with_tail:
         tail.fill_(value)
-        chunks = chunks[:-1]
-    rows.index_fill_(0, chunks, value)
+    rows.index_fill_(0, whole, value)
 
 
 #: elements per block of :func:`chunk_norms` (a block's absolute values stay in cache)
@@ -191,17 +198,14 @@ def _send_chunks(state: CSCState, bucket: GradBucket, v: torch.Tensor, selected:
     """All-reduce the ``selected`` chunks of ``v`` packed (the last one unpadded); unpack them into
     the bucket when back, the rest 0. ``dense``: every chunk, counted as the bucket's dense equivalent."""
     state.record(bucket, selected)
-    n, c, k = bucket.numel, state.chunk, selected.numel()
-    chunks = -(-n // c)
+    n, c, g = bucket.numel, state.chunk, bucket.buffer
     rows, tail = chunked(v, c)
-    with_tail = bool(k) and int(selected[-1]) == rows.shape[0]  # the last, short chunk goes too
+    whole, with_tail = split_tail(selected, rows.shape[0])  # with_tail: the last, short chunk goes too
     if dense:
         message = v.clone()
-    elif with_tail:
-        message = torch.cat([rows[selected[:-1]].reshape(-1), tail])
     else:
-        message = rows[selected].reshape(-1)
-    g = bucket.buffer
+        packed = rows[whole].reshape(-1)
+        message = torch.cat([packed, tail]) if with_tail else packed
 
     def unpack() -> None:
         if dense:
@@ -209,10 +213,9 @@ def _send_chunks(state: CSCState, bucket: GradBucket, v: torch.Tensor, selected:
         else:
             g.zero_()
             g_rows, g_tail = chunked(g, c)
-            whole = selected[:-1] if with_tail else selected
             g_rows.index_copy_(0, whole, message[:whole.numel() * c].view(-1, c))
             if with_tail:
                 g_tail.copy_(message[whole.numel() * c:])
         # settled once the step applies; the bucket's mean send interval: K / chunks sent
-        state._pending.append((slice(bucket.start, bucket.stop), selected, chunks / k))
+        state._pending.append((slice(bucket.start, bucket.stop), selected, -(-n // c) / selected.numel()))
     return bucket.wire.allreduce(message, n if dense else None).then(unpack)

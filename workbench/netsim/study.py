@@ -25,7 +25,7 @@ from ..sizes import format_size as size_label  # noqa: F401 - study.size_label, 
 from .simulator import MODES, SimulationError, PAPER_BANDWIDTH, PAPER_LATENCY, simulate
 from ..network.topology import Topology
 
-from .names import PAPER_ALGORITHMS, SIM_ALGORITHMS  # noqa: E402,F401 - study.PAPER_ALGORITHMS, as notebooks use it
+from .names import PAPER_ALGORITHMS, SIM_ALGORITHMS  # noqa: F401 - study.PAPER_ALGORITHMS, as notebooks use it
 #: The paper's message sizes: 32 KiB to 64 MiB.
 PAPER_SIZES = (32 << 10, 128 << 10, 512 << 10, 2 << 20, 8 << 20, 64 << 20)
 #: MultiTree's all-gather steps T from the public construction code: (torus side, k) -> T.
