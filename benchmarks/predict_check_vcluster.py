@@ -7,13 +7,16 @@ Per node count: a virtual cluster (``VirtualCluster(NAME, nodes, "switch", RATE)
 down) and the kernel's one-way latency on it (:func:`workbench.vcluster.probe.one_way_latency`:
 half a TCP ping-pong's round trip between two nodes). The network model is
 :func:`workbench.netsim.costs.tcp_link`: each rank its own link of RATE x TCP's payload share
-(1448 of every 1514 bytes) and a latency per ring step. Then, per repeat and model, measured one
-right after the other (the machine is shared: the background load moves between them):
+(1448 of every 1514 bytes), a latency per ring step and the shaper's burst
+(:func:`workbench.vcluster.wiring.burst_bytes`: 64 KiB at 200 Mbit/s, sent at once after the link
+was idle for 2.6 ms, which a step's compute is: a quarter of lenet's 247 KB a step; the
+``no_burst`` variant leaves it out). Then, per repeat and model, measured one right after the
+other (the machine is shared: the background load moves between them):
 
 1. **latency under load**: a 4 KiB ring all-reduce on the cluster's ranks (30 repetitions, mean) over
    its 2(N-1) steps: the per-step latency MPI ranks meet now (the ping-pong's 20-35 us is the
    kernel's; ranks on cores shared with other busy processes wait for the scheduler at every step,
-   5-10 ms at load 20). The network model: ``tcp_link(RATE, that latency)``.
+   5-10 ms at load 20). The network model: ``tcp_link(RATE, that latency, burst_bytes=...)``.
 2. **profile** (:func:`workbench.bench.step.profile_step`, ``processes=nodes, lockstep=True``): the
    layers' forward and backward, the update, measured by as many processes as the cluster has ranks,
    all at once on this machine's cores, each in a session of its own as each rank is, meeting at a
@@ -67,11 +70,13 @@ TOLERANCE = 0.15
 TEST_ROWS = 50
 #: prediction variants: (network latency, skew term); the first is the goal's
 VARIANTS = {"lockstep": ("bracket", "mpi", True), "before_only": ("before", "mpi_before", True),
-            "ping_latency": ("bracket", "ping", True), "no_skew": ("bracket", "mpi", False)}
+            "ping_latency": ("bracket", "ping", True), "no_skew": ("bracket", "mpi", False),
+            "no_burst": ("bracket", "mpi_no_burst", True)}
 VARIANT_LABELS = {"lockstep": "lock-step profile + skew, MPI latency under load, both the mean of before and after the run",
                   "before_only": "the same from the profile and latency before the run only",
                   "ping_latency": "the kernel's latency (TCP ping-pong) instead of MPI's",
-                  "no_skew": "no skew term"}
+                  "no_skew": "no skew term",
+                  "no_burst": "the links without their shaper's burst (every byte at the rate)"}
 #: the message of the latency probe: small enough that its bandwidth term is a few percent
 PROBE_BYTES = 4096
 
@@ -125,8 +130,11 @@ def mpi_latency(vc, rate_bits: float, folder: Path, timeout: float) -> dict:
     (``workbench.bench.allreduce``, one rank per node, 30 repetitions, mean) over its 2(N-1) steps,
     less each step's bandwidth term. Ranks that busy-wait in MPI on cores shared with other work
     pay the scheduler's delay at every step; a blocking TCP ping-pong does not (the kernel wakes a
-    sleeper at once), so this is the latency a run's all-reduce meets on a loaded machine."""
+    sleeper at once), so this is the latency a run's all-reduce meets on a loaded machine. The probe's
+    bytes fit the links' burst (:func:`workbench.vcluster.wiring.burst_bytes`, refilled between
+    repetitions), so only what exceeds it is taken off as transfer time."""
     from workbench.netsim.costs import TCP_PAYLOAD_SHARE
+    from workbench.vcluster.wiring import burst_bytes
     from workbench.runtime.launch.mpiexec import run_mpi
     path = folder / f"latency-{time.time_ns()}.json"
     run_mpi(vc.nodes, ["-m", "workbench.bench.allreduce", "--sizes", str(PROBE_BYTES), "--algorithms", "ring",
@@ -134,7 +142,8 @@ def mpi_latency(vc, rate_bits: float, folder: Path, timeout: float) -> dict:
             timeout=timeout, cwd=Path(__file__).resolve().parent.parent, **vc.run_options(vc.nodes))
     (row,) = json.loads(path.read_text())["results"]
     steps = 2 * (vc.nodes - 1)
-    transfer = PROBE_BYTES / vc.nodes / (rate_bits / 8 * TCP_PAYLOAD_SHARE)
+    sent = 2 * (vc.nodes - 1) / vc.nodes * PROBE_BYTES / TCP_PAYLOAD_SHARE   # a rank's bytes on the wire
+    transfer = max(sent - burst_bytes(rate_bits), 0) / (rate_bits / 8) / steps
     return {"latency_s": max(row["mean_s"] / steps - transfer, 0.0), "probe": row, "load_1min": os.getloadavg()[0]}
 
 
@@ -209,6 +218,7 @@ def pair(args, vc, ping: float, model: str, config: tuple, folder: Path, repeat:
     latency on ``vc`` (seconds)."""
     from workbench.netsim.costs import tcp_link
     from workbench.vcluster.plan import parse_rate
+    from workbench.vcluster.wiring import burst_bytes
     rate = parse_rate(args.vcluster)
     batch, steps, _ = plan(args, model)
     dataset = fashion_subset(folder, steps * vc.nodes * batch)
@@ -217,8 +227,10 @@ def pair(args, vc, ping: float, model: str, config: tuple, folder: Path, repeat:
     run = measure(vc, model, dataset, batch, options, folder / f"{model}-{key}-{repeat}", args.timeout)
     after, profile_after = inputs(args, vc, model, dataset, options, folder)
     latency = (before["latency_s"] + after["latency_s"]) / 2
-    networks = {"mpi": tcp_link(rate, latency), "mpi_before": tcp_link(rate, before["latency_s"]),
-                "ping": tcp_link(rate, ping)}
+    burst = burst_bytes(rate)
+    networks = {"mpi": tcp_link(rate, latency, burst_bytes=burst),
+                "mpi_before": tcp_link(rate, before["latency_s"], burst_bytes=burst),
+                "ping": tcp_link(rate, ping, burst_bytes=burst), "mpi_no_burst": tcp_link(rate, latency)}
     profiles = {"bracket": profile_before.mean_with(profile_after), "before": profile_before}
     row = {"model": model, "nodes": vc.nodes, "config": key, "repeat": repeat, "batch_size": batch, "steps": steps,
            "before": before, "after": after, "run": run,
@@ -240,6 +252,7 @@ def on_cluster(args, nodes: int, scratch: Path, into: dict, save) -> None:
     from workbench.vcluster import VirtualCluster
     from workbench.vcluster.plan import parse_rate
     from workbench.vcluster.probe import one_way_latency
+    from workbench.vcluster.wiring import burst_bytes
     folder = scratch / f"n{nodes}"
     # keep=True: the record names no owner, so no other process's `up` takes this one for a dead
     # process's and removes it mid-run; it is taken down in `finally`
@@ -247,7 +260,8 @@ def on_cluster(args, nodes: int, scratch: Path, into: dict, save) -> None:
     try:
         vc.up()
         ping = one_way_latency(vc)
-        network = tcp_link(parse_rate(args.vcluster), ping)
+        rate = parse_rate(args.vcluster)
+        network = tcp_link(rate, ping, burst_bytes=burst_bytes(rate))
         print(f"\n{nodes} nodes on a switch at {args.vcluster}: one-way latency {ping * 1e6:.0f} us (TCP ping-pong); "
               f"{network.describe()}", flush=True)
         into.update(one_way_latency_s=ping, network=network.describe(), bandwidth_Bps=network.bandwidth, rows=[])
@@ -301,12 +315,13 @@ def print_table(report: dict) -> None:
           f"{report['load_average']['after'][0]:.1f} after")
     print(tabulate([[r["model"], r["nodes"], r["config"], r["batch_size"], ms(r["measured_s"]), ms(r["lockstep_s"]),
                      f"{r['lockstep_ratio']:.2f}", ", ".join(f"{x:.2f}" for x in r["ratios_per_pair"]),
-                     f"{r['before_only_ratio']:.2f}", f"{r['ping_latency_ratio']:.2f}", f"{r['no_skew_ratio']:.2f}", ms(r["predicted_compute_s"]),
+                     f"{r['before_only_ratio']:.2f}", f"{r['ping_latency_ratio']:.2f}", f"{r['no_skew_ratio']:.2f}", f"{r['no_burst_ratio']:.2f}",
+                     ms(r["predicted_compute_s"]),
                      ms(r["predicted_skew_s"]), ms(r["measured_compute_s"]), ms(r["predicted_comm_s"]),
                      f"{r['mpi_latency_s'] * 1e3:.2f}", ", ".join(f"{x:.1f}" for x in r["load_1min"]),
                      "yes" if r["within"] else "NO"] for r in report["table"]],
                    headers=["model", "nodes", "config", "batch", "measured ms", "predicted ms", "ratio",
-                            "ratio per pair", "ratio, before only", "ratio, ping latency", "ratio, no skew", "pred compute", "pred skew",
+                            "ratio per pair", "ratio, before only", "ratio, ping latency", "ratio, no skew", "ratio, no burst", "pred compute", "pred skew",
                             "meas compute", "pred comm", "MPI latency ms", "load (1 min)", f"+-{TOLERANCE:.0%}"]))
     print("ratio = median over pairs of predicted / measured (" + "; ".join(f"{v}: {VARIANT_LABELS[v]}" for v in VARIANTS) + ")")
     print()

@@ -230,7 +230,8 @@ def test_cli_writes_the_documented_json(tmp_path, capsys):
     assert set(report["rows"][0]) == set(COLUMNS)
     expected = predict(alexnet_profile(), 512, **FULL_STACK)
     assert report["rows"][2]["step_s"] == pytest.approx(expected.step_s)
-    assert report["network"] == {"model": "closed form", "collective": "ring", "bandwidth_Bps": 7e9, "latency_s": 5e-6}
+    assert report["network"] == {"model": "closed form", "collective": "ring", "bandwidth_Bps": 7e9, "latency_s": 5e-6,
+                                 "burst_bytes": 0}
     assert report["options"]["sparse_ratio"] == 0.01 and report["profile"]["parameters"] == 61_100_840
 
 
@@ -239,6 +240,7 @@ def test_cli_writes_the_documented_json(tmp_path, capsys):
     (["--ranks", "1,x"], "argument --ranks: must be a comma-separated list of integers >= 1"),
     (["--fusion-bytes", "lots"], "argument --fusion-bytes: must be 0 (one message per tensor)"),
     (["--wire-dtype", "fp8"], "argument --wire-dtype: invalid choice: 'fp8'"),
+    (["--burst", "-1"], "argument --burst: '-1' is not a size"),
 ])
 def test_cli_refuses_bad_options(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -253,6 +255,7 @@ def test_cli_refuses_bad_options(argv, message, capsys):
     (["--sparse-ratio", "1.5"], "sparse_ratio must be a number in (0, 1]"),
     (["--batch", "0"], "batch must be an integer >= 1"),
     (["--collective", "double_binary_tree"], "collective must be one of ring"),
+    (["--burst", "64K", "--simulate"], "--burst is the closed form's"),
 ])
 def test_cli_refuses_bad_values_in_one_line(argv, message, capsys):
     assert main(["predict", *argv]) == 2
@@ -338,3 +341,50 @@ def test_a_straggler_delays_lock_step_messages_and_the_step():
         predict(profile, 4, skew_s=-1.0)
     with pytest.raises(PredictError, match="skew_s applies to lock-step algorithms"):
         predict(profile, 4, algorithm="easgd", skew_s=1e-3)
+
+
+def test_a_links_burst_sends_a_steps_first_bytes_at_once():
+    # a shaped link's token bucket (AlphaBeta.burst): refilled at the link's rate while it is idle,
+    # capped at its depth, spent on the first bytes of the step's messages
+    profile = toy()                      # 4 ms forward, 8 ms backward, 1 MiB of gradients
+    slow = AlphaBeta(25e6, 50e-6, "ring")
+    empty = predict(profile, 4, slow, fusion_bytes=None, update_s=1e-3)
+    (message,) = empty.timeline
+    deep = predict(profile, 4, AlphaBeta(25e6, 50e-6, "ring", burst=64 << 10), fusion_bytes=None, update_s=1e-3)
+    # idle 13 ms (update + forward + backward) refills 325 kB: the bucket is full, 64 KiB go at once
+    assert deep.step_s == pytest.approx(empty.step_s - (64 << 10) / 25e6)
+    assert deep.timeline[0].sent == message.sent and deep.wire_bytes == empty.wire_bytes
+    # a bucket deeper than the idle spell refills only what that spell gives: the link is never
+    # idle in effect, so the step is the empty-bucket all-reduce alone, the compute hidden
+    deeper = predict(profile, 4, AlphaBeta(25e6, 50e-6, "ring", burst=1e6), fusion_bytes=None, update_s=1e-3)
+    assert deeper.step_s == pytest.approx(message.end - message.start)
+    # a bucket deeper than the message: only the latency is left
+    tiny = [LayerProfile("l", 1000, 1e-3, 2e-3, (1000,))]
+    quick = predict(tiny, 4, AlphaBeta(25e6, 50e-6, "ring", burst=64 << 10), fusion_bytes=None)
+    assert quick.timeline[0].end - quick.timeline[0].start == pytest.approx(2 * 3 * 50e-6)
+    # per tensor, overlapped: the first message drains the bucket; a gap before the next refills it
+    # (at 400 MB/s a layer's 393 kB take 1 ms of its 2 ms backward: 1 ms gaps refill the bucket)
+    tensors = predict(profile, 4, AlphaBeta(400e6, 5e-6, "ring", burst=64 << 10), fusion_bytes=0, overlap=True)
+    plain = predict(profile, 4, AlphaBeta(400e6, 5e-6, "ring"), fusion_bytes=0, overlap=True)
+    saved = [(p.end - p.start) - (t.end - t.start) for p, t in zip(plain.timeline, tensors.timeline)]
+    assert saved[0] == pytest.approx(min(64 << 10, tensors.timeline[0].sent) / 400e6)   # a bias: all of it
+    assert all(s >= -1e-15 for s in saved) and sum(saved) > 3 * (64 << 10) / 400e6   # refilled between messages
+    assert sum(saved) <= (64 << 10) / 25e6 + sum(max(b.start - a.end, 0) for a, b in
+                                                zip(tensors.timeline, tensors.timeline[1:])) + 1e-12
+    assert predict(profile, 1, AlphaBeta(25e6, 50e-6, "ring", burst=64 << 10)).step_s == pytest.approx(12e-3)
+    with pytest.raises(CostError, match="burst must be a number >= 0"):
+        AlphaBeta(25e6, 50e-6, "ring", burst=-1)
+    assert "64 KiB burst" in AlphaBeta(25e6, 50e-6, burst=64 << 10).describe()
+
+
+def test_cli_predicts_a_shaped_links_burst(tmp_path, capsys):
+    # lenet-sized gradients on 2 ranks at 200 Mbit/s: the 64 KiB bucket is a quarter of the bytes
+    profile = tmp_path / "p.csv"
+    profile.write_text("name,parameters,forward_s,backward_s\nl,61706,0.003,0.006\n")
+    common = ["predict", "--profile", str(profile), "--ranks", "2", "--bandwidth", "2.5e7", "--latency", "1e-4"]
+    assert main([*common, "--json", str(tmp_path / "plain.json")]) == 0
+    assert main([*common, "--burst", "64K", "--json", str(tmp_path / "burst.json")]) == 0
+    assert "64 KiB burst" in capsys.readouterr().out
+    plain, burst = (json.loads((tmp_path / f"{k}.json").read_text()) for k in ("plain", "burst"))
+    assert burst["network"]["burst_bytes"] == 65536 and plain["network"]["burst_bytes"] == 0
+    assert plain["rows"][0]["step_s"] - burst["rows"][0]["step_s"] == pytest.approx(65536 / 2.5e7)

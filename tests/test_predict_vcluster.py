@@ -59,6 +59,20 @@ def test_a_tcp_link_is_the_switch_the_virtual_cluster_benchmark_simulates(nranks
         tcp_link(0, 30e-6)
 
 
+def test_the_shapers_burst_is_the_models():
+    # the bucket the virtual cluster's HTB gets (2 ms at the rate, at least 64 KiB) is what tcp_link
+    # is told, in payload bytes as its bandwidth is
+    from workbench.vcluster.plan import Plan
+    from workbench.vcluster.wiring import _shaping, burst_bytes
+    assert burst_bytes(200 * 10**6) == 64 << 10 and burst_bytes(10**10) == 10**10 // 8 * 2 // 1000
+    lines = _shaping(Plan("vc", 2, bandwidth="200mbit"), "veth0")
+    assert f"burst {64 << 10} cburst {64 << 10}" in lines[1]
+    link = tcp_link(200e6, 30e-6, burst_bytes=burst_bytes(200 * 10**6))
+    assert link.burst == pytest.approx((64 << 10) * TCP_PAYLOAD_SHARE) and tcp_link(200e6, 30e-6).burst == 0
+    with pytest.raises(CostError, match="burst_bytes must be a number >= 0"):
+        tcp_link(200e6, 30e-6, burst_bytes=-1)
+
+
 def test_the_one_way_latency_of_two_nodes(vc4):
     latency = one_way_latency(vc4, 0, 1, rounds=200)
     assert 0 < latency < 0.05   # the kernel's own: tens of microseconds, more on a busy machine
@@ -91,6 +105,8 @@ def test_the_benchmarks_virtual_cluster_mode_end_to_end(tmp_path):
     for variant, p in row["predictions"].items():
         assert p["step_s"] > p["compute_s"] > 0 and p["comm_s"] > 0, variant
         assert row["ratio"][variant] == pytest.approx(p["step_s"] / row["run"]["step_s"])
+    # the links' burst only shortens a step (mlp's 204 kB fit 1 Gbit/s's 250 kB bucket: no transfer left)
+    assert row["predictions"]["no_burst"]["step_s"] > row["predictions"]["lockstep"]["step_s"]
     (line,) = report["table"]
     assert line["lockstep_ratio"] == pytest.approx(line["lockstep_s"] / line["measured_s"])
     assert report["goals"][0]["met"] == (abs(line["lockstep_ratio"] - 1) <= 0.15)

@@ -21,7 +21,11 @@ selected elements in the wire dtype (dense when that is every chunk; the short l
 assumed unselected). fp16/bf16 add one float all-reduced after every bucket (the overflow
 decision; MPI's native all-reduce, timed as recursive doubling, counted as the runtime counts it:
 ``round(2(N-1)/N x 4)`` bytes). The step ends at max(backward end, last message end) + that
-decision + ``update_s``. CSC is predicted after its warm-up (the steady ratio).
+decision + ``update_s``. CSC is predicted after its warm-up (the steady ratio). A network with a
+burst (a shaped link's token bucket, ``AlphaBeta.burst``) sends each step's first bytes at once:
+the bucket, refilled while the link was idle since the previous step's last message (capped at
+its depth), shortens the messages it covers, and refills in the gaps between them; only this
+step model spends it (the EASGD family's exchanges are costed with the bucket empty).
 
 **Stragglers** (``skew_s``, default 0: dedicated devices). A lock-step message waits for every
 rank; ``skew_s`` is how much later than the profile's (average) rank the slowest rank finishes its
@@ -236,23 +240,56 @@ def predict(profile: Sequence[LayerProfile], ranks: int, network=None, options=N
         t += layers[i].backward_s
         ready_at[i] = t * slow
     computed = forward + backward + skew_s   # the slowest rank's backward end: the step waits for it
-    timeline: list[Message] = []
-    free = 0.0   # when the network is next free
-    if ranks > 1:
-        for k, (start, stop, params) in enumerate(buckets):
-            begin = max(ready_at[owner[p]] for p in params) if opts.overlap else computed
-            begin = max(begin, free)
-            for what, nbytes in _bucket_messages(stop - start, opts):
-                seconds = net.allreduce(nbytes, ranks)
-                timeline.append(Message(what, k, nbytes, net.wire_bytes(nbytes, ranks), begin, begin + seconds))
-                begin += seconds
-            free = begin
+    timeline, free = _steady_messages(buckets, ranks, net, opts, ready_at, owner, computed, update_s)
     end = max(computed, free)
     if ranks > 1 and opts.wire_dtype != "fp32":
         seconds = net.with_collective(DECISION_COLLECTIVE).allreduce(4, ranks)
         timeline.append(Message("decision", -1, 4, round(2 * (ranks - 1) / ranks * 4), end, end + seconds))
         end += seconds
     return _result("sync-sgd", ranks, end + update_s, local, timeline, len(buckets), ranks)
+
+
+def _steady_messages(buckets, ranks: int, net, opts: Communication, ready_at: list[float], owner: list[int],
+                     computed: float, update_s: float) -> tuple[list[Message], float]:
+    """:func:`_sync_sgd_messages` in the steady state of a link with a burst (``AlphaBeta.burst``):
+    its bucket refills while the link is idle, from the last message of one step to the first of
+    the next (the update, the forward, the backward before it); the fixed point of that, reached
+    in a few passes. Without a burst, one pass."""
+    burst = getattr(net, "burst", 0.0) if ranks > 1 else 0.0
+    timeline, free = _sync_sgd_messages(buckets, ranks, net, opts, ready_at, owner, computed, burst)
+    for _ in range(8 if burst else 0):
+        idle = max(computed, free) - free + update_s + (timeline[0].start if timeline else 0.0)
+        tokens = min(burst, idle * net.bandwidth)
+        timeline, settled = _sync_sgd_messages(buckets, ranks, net, opts, ready_at, owner, computed, tokens)
+        if abs(settled - free) < 1e-12:
+            break
+        free = settled
+    return timeline, free
+
+
+def _sync_sgd_messages(buckets, ranks: int, net, opts: Communication, ready_at: list[float], owner: list[int],
+                       computed: float, tokens: float) -> tuple[list[Message], float]:
+    """Sync-SGD's messages in one step and when the network is free after them. ``tokens``: the
+    link's burst bucket when the step's first message starts (0: none; see ``AlphaBeta.burst``),
+    refilled at the link's rate in the gaps between messages."""
+    timeline: list[Message] = []
+    free = 0.0   # when the network is next free
+    burst = getattr(net, "burst", 0.0)
+    if ranks > 1:
+        for k, (start, stop, params) in enumerate(buckets):
+            begin = max(ready_at[owner[p]] for p in params) if opts.overlap else computed
+            if timeline and burst:
+                tokens = min(burst, tokens + (max(begin, free) - free) * net.bandwidth)
+            begin = max(begin, free)
+            for what, nbytes in _bucket_messages(stop - start, opts):
+                seconds, sent = net.allreduce(nbytes, ranks), net.wire_bytes(nbytes, ranks)
+                if tokens > 0:
+                    saved, tokens = net.burst_saving(sent, tokens)
+                    seconds -= saved
+                timeline.append(Message(what, k, nbytes, sent, begin, begin + seconds))
+                begin += seconds
+            free = begin
+    return timeline, free
 
 
 def _sync_easgd(buckets, ranks: int, net, opts: Communication, tau: int, compute: float,

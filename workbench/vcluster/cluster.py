@@ -196,7 +196,7 @@ class VirtualCluster:
         p = self.plan
         return {"name": p.name, "state": (self.record or {}).get("state", "down"), "topology": p.topology,
                 "bandwidth": format_rate(p.bandwidth), "latency": p.latency, "queue_bytes": wiring.queue_bytes(p),
-                "head_address": p.head_address,
+                "burst_bytes": wiring.burst_bytes(p.bandwidth), "head_address": p.head_address,
                 "bridge": p.bridge, "shared": p.shared, "slurm": p.slurm,
                 "nodes": [{"node": i, "hostname": p.hostname(i), "address": p.address(i), "netns": p.netns(i),
                            "processes": len(wiring.processes_on(p, i))} for i in range(p.nodes)],

@@ -46,11 +46,19 @@ def netns_path(plan: Plan, node: int) -> str:
     return f"/var/run/netns/{plan.netns(node)}"
 
 
+def burst_bytes(bandwidth: int) -> int:
+    """The shaper's bucket (HTB ``burst`` and ``cburst``) on a link of ``bandwidth`` bit/s, in bytes
+    on the wire: 2 ms at the rate, at least 64 KiB (a segment that veth hands over whole must fit).
+    A link idle for ``burst / rate`` sends that many bytes at once: the predictor's
+    ``AlphaBeta.burst`` (``netsim.costs.tcp_link(..., burst_bytes=...)``)."""
+    return max(64 << 10, bandwidth // 8 * 2 // 1000)
+
+
 def _shaping(plan: Plan, device: str) -> list[str]:
-    """tc lines that shape ``device``'s egress to the plan's rate (HTB; netem under it for latency).
-    Burst: 2 ms at the rate, at least 64 KiB (a segment that veth hands over whole must fit)."""
+    """tc lines that shape ``device``'s egress to the plan's rate (HTB; netem under it for latency),
+    with a bucket of :func:`burst_bytes`."""
     rate = format_rate(plan.bandwidth)
-    burst = max(64 << 10, plan.bandwidth // 8 * 2 // 1000)
+    burst = burst_bytes(plan.bandwidth)
     lines = [f"qdisc replace dev {device} root handle 1: htb default 1",
              f"class add dev {device} parent 1: classid 1:1 htb rate {rate} ceil {rate} burst {burst} "
              f"cburst {burst} quantum 60000"]
