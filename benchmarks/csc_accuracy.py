@@ -6,7 +6,8 @@ Every row is a whole ``sync-sgd`` run per seed through :func:`workbench.runtime.
 (what ``workbench train`` runs), on the same model, data, batches, lr, momentum, epochs and
 4 ranks; the CSC rows are ``benchmarks/gradient_comm.py``'s (1-epoch dense warm-up, chunks of 64):
 
-- ``dense``: dense fp32, one message per step;
+- ``dense``: dense fp32, one message per step; ``fp16``: the same in fp16 on the wire (scaled, an
+  overflowing step skipped);
 - ``csc-0.1``, ``csc-0.3``, ``csc-0.01``: CSC with the carry;
 - ``csc-0.1-dgc``, ``csc-0.3-dgc``, ``csc-0.01-dgc``: DGC's masking as published (what CSC did
   before the carry); ``csc-0.1-dgc-lr-x3``: the same at 3x the learning rate (the speed the
@@ -19,8 +20,13 @@ included) and after the warm-up. Each finished run is appended to ``<json>.runs.
 a run already there is not run again, so an interrupted benchmark continues where it stopped
 (the JSON records the load average around each run).
 
-    python benchmarks/csc_accuracy.py [--model mlp] [--dataset digits] [--epochs 10] [--batch-size 16]
-                                      [--seeds 0,1,2] [--rows dense,csc-0.1,...] [--json FILE]
+    python benchmarks/csc_accuracy.py [--model mlp] [--dataset digits] [--subset N] [--epochs 10]
+                                      [--batch-size 16] [--eval-every 10] [--seeds 0,1,2]
+                                      [--rows dense,csc-0.1,...] [--json FILE]
+
+``--subset N``: the first N rows of each split (resnet18 takes about an hour an epoch of all of
+Fashion-MNIST on this machine's 2 cores); ``--eval-every``: steps between test evaluations (the
+time-to-target column; a large value evaluates only at the end).
 """
 from __future__ import annotations
 
@@ -38,8 +44,8 @@ from gradient_comm import WORKBENCH, run_workbench
 
 from workbench.bench.machine import Load, describe
 
-ROWS = ["dense", "csc-0.1", "csc-0.1-dgc", "csc-0.1-dgc-lr-x3", "csc-0.3", "csc-0.3-dgc", "csc-0.01", "csc-0.01-dgc",
-        "csc-0.01-warm-3", "csc-0.01-c16"]
+ROWS = ["dense", "fp16", "csc-0.1", "csc-0.1-dgc", "csc-0.1-dgc-lr-x3", "csc-0.3", "csc-0.3-dgc", "csc-0.01", "csc-0.01-dgc",
+        "csc-0.01-warm-3", "csc-0.01-c16", "csc-0.01-c8", "csc-0.01-c4"]
 #: the rows gradient_comm.py's WORKBENCH lacks: DGC's momentum factor masking as published (the masked
 #: momentum dropped, not carried on), at 3x the learning rate (the speed the masking takes away at
 #: rho 0.1), and CSC at rho 0.3
@@ -51,7 +57,10 @@ DGC_ROWS = {"csc-0.1-dgc": {"sparse_ratio": 0.1, "warmup_epochs": 1, "carry_mome
             # rho 0.01's loss: a longer warm-up (dense, then the ratio falling geometrically over two
             # epochs, as DGC's), and finer chunks (8 of 796 chunks of 64 a step on the MLP: 50 of 3,181 of 16)
             "csc-0.01-warm-3": {"sparse_ratio": 0.01, "warmup_epochs": 3},
-            "csc-0.01-c16": {"sparse_ratio": 0.01, "warmup_epochs": 1, "sparse_chunk": 16}}
+            "csc-0.01-c16": {"sparse_ratio": 0.01, "warmup_epochs": 1, "sparse_chunk": 16},
+            # finer still: more chunks chosen (127 of 12,723 of 4), at the price of more norms (n/c floats)
+            "csc-0.01-c8": {"sparse_ratio": 0.01, "warmup_epochs": 1, "sparse_chunk": 8},
+            "csc-0.01-c4": {"sparse_ratio": 0.01, "warmup_epochs": 1, "sparse_chunk": 4}}
 
 
 def paired(rows: dict[str, list[dict]], key: str) -> dict:
@@ -98,6 +107,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--dataset", default="digits")
+    parser.add_argument("--subset", type=int, help="the first N rows of each split (default: all)")
+    parser.add_argument("--eval-every", type=int, default=10, help="steps between test evaluations")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seeds", default="0,1,2")
@@ -109,15 +120,19 @@ def main() -> None:
     unknown = sorted(set(rows) - set(ROWS))
     if unknown:
         parser.error(f"--rows: unknown {unknown}; known: {', '.join(ROWS)}")
-    args.ranks, args.collective, args.eval_every, args.target = 4, "native", 10, 0.9  # as gradient_comm's
+    if args.subset is not None and args.subset < 1:
+        parser.error(f"--subset: a number of rows >= 1; got {args.subset}")
+    if args.eval_every < 1:
+        parser.error(f"--eval-every: a number of steps >= 1; got {args.eval_every}")
+    args.ranks, args.collective, args.target = 4, "native", 0.9  # as gradient_comm's
     seeds = [int(s) for s in args.seeds.split(",")]
-    data = "" if args.dataset == "digits" else f"_{args.dataset}"
+    data = ("" if args.dataset == "digits" else f"_{args.dataset}") + (f"_{args.subset}" if args.subset else "")
     out = Path(args.json or RESULTS / f"csc_accuracy_{args.model}{data}_4ranks.json")
     started = time.time()
     runs = run_all(args, rows, seeds, out.with_suffix(".runs.jsonl"))
     by_key = {key: [r for r in runs if r["key"] == key] for key in rows}
     summary = [paired(by_key, key) for key in rows]
-    print(f"\n{args.model} on {args.dataset}, 4 ranks, batch {args.batch_size} per rank, {args.epochs} epochs, "
+    print(f"\n{args.model} on {args.dataset}{f' (first {args.subset} rows)' if args.subset else ''}, 4 ranks, batch {args.batch_size} per rank, {args.epochs} epochs, "
           f"seeds {args.seeds}")
     for s in summary:
         vs = "" if s["points_vs_dense"] is None or s["key"] == "dense" else \
@@ -127,7 +142,7 @@ def main() -> None:
               f"{s['accuracy_max']:.4f}){vs}; {s['bytes_ratio_whole_run']:.2f}x fewer bytes{after}")
     loads = [r["load_average"] for r in runs]
     out.write_text(json.dumps({
-        "model": args.model, "dataset": args.dataset, "ranks": 4, "epochs": args.epochs, "batch_size": args.batch_size,
+        "model": args.model, "dataset": args.dataset, "subset": args.subset, "eval_every": args.eval_every, "ranks": 4, "epochs": args.epochs, "batch_size": args.batch_size,
         "seeds": seeds, "parameters": runs[0]["parameters"], "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "seconds_this_session": time.time() - started, "cpus": os.cpu_count(), "machine": describe(),
         "load_average": {"before": loads[0]["before"], "after": loads[-1]["after"],

@@ -281,7 +281,7 @@ def cfg_steps_per_epoch(cfg) -> int:
 def base_config(args, seed: int) -> dict:
     # dataset: csc_accuracy.py's --dataset (this script's own runs: digits)
     return dict(algorithm="sync-sgd", ranks=args.ranks, model=args.model, dataset=getattr(args, "dataset", "digits"),
-                epochs=args.epochs, seed=seed,
+                subset=getattr(args, "subset", None), epochs=args.epochs, seed=seed,
                 batch_size=args.batch_size, collective=args.collective, eval_every=args.eval_every,
                 telemetry=False)
 
