@@ -76,8 +76,9 @@ def add_to(sub) -> None:
     p.add_argument("--bandwidth", type=float, default=None, help="bytes/s per link (default 7e9 = 56 Gbit/s)")
     p.add_argument("--latency", type=float, default=None, help="seconds per all-reduce step (default 5e-6)")
     p.add_argument("--burst", type=burst_argument, default=None, metavar="SIZE",
-                   help="bytes a link sends at once after an idle spell (a shaper's token bucket: 64K for a virtual "
-                        "cluster's link up to 262 Mbit/s; default 0)")
+                   help="bytes (payload, as --bandwidth) a link sends at once after an idle spell: a shaper's token "
+                        "bucket (a virtual cluster's link up to 262 Mbit/s: 64 KiB on the wire, 61.2K of TCP "
+                        "payload); default 0")
     p.add_argument("--calibration", metavar="FILE",
                    help="take bandwidth and latency from a fit to this bench JSON (see `workbench calibrate`)")
     p.add_argument("--calibration-topology", type=parse_topology, default=None, metavar="KIND:SHAPE",
