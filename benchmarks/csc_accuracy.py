@@ -44,8 +44,8 @@ from gradient_comm import WORKBENCH, run_workbench
 
 from workbench.bench.machine import Load, describe
 
-ROWS = ["dense", "fp16", "csc-0.1", "csc-0.1-dgc", "csc-0.1-dgc-lr-x3", "csc-0.3", "csc-0.3-dgc", "csc-0.01", "csc-0.01-dgc",
-        "csc-0.01-warm-3", "csc-0.01-c16", "csc-0.01-c8", "csc-0.01-c4"]
+ROWS = ["dense", "fp16", "csc-0.1", "csc-0.1-dgc", "csc-0.1-dgc-lr-x3", "csc-0.3", "csc-0.3-dgc", "csc-0.01",
+        "csc-0.01-dgc", "csc-0.01-warm-3", "csc-0.01-c16", "csc-0.01-c8", "csc-0.01-c4"]
 #: the rows gradient_comm.py's WORKBENCH lacks: DGC's momentum factor masking as published (the masked
 #: momentum dropped, not carried on), at 3x the learning rate (the speed the masking takes away at
 #: rho 0.1), and CSC at rho 0.3
@@ -132,8 +132,9 @@ def main() -> None:
     runs = run_all(args, rows, seeds, out.with_suffix(".runs.jsonl"))
     by_key = {key: [r for r in runs if r["key"] == key] for key in rows}
     summary = [paired(by_key, key) for key in rows]
-    print(f"\n{args.model} on {args.dataset}{f' (first {args.subset} rows)' if args.subset else ''}, 4 ranks, batch {args.batch_size} per rank, {args.epochs} epochs, "
-          f"seeds {args.seeds}")
+    rows_used = f" (first {args.subset} rows)" if args.subset else ""
+    print(f"\n{args.model} on {args.dataset}{rows_used}, 4 ranks, batch {args.batch_size} per rank, "
+          f"{args.epochs} epochs, seeds {args.seeds}")
     for s in summary:
         vs = "" if s["points_vs_dense"] is None or s["key"] == "dense" else \
             f"  {s['points_vs_dense']:+.2f} points vs dense (se {s['points_vs_dense_se'] or 0:.2f})"
@@ -142,7 +143,8 @@ def main() -> None:
               f"{s['accuracy_max']:.4f}){vs}; {s['bytes_ratio_whole_run']:.2f}x fewer bytes{after}")
     loads = [r["load_average"] for r in runs]
     out.write_text(json.dumps({
-        "model": args.model, "dataset": args.dataset, "subset": args.subset, "eval_every": args.eval_every, "ranks": 4, "epochs": args.epochs, "batch_size": args.batch_size,
+        "model": args.model, "dataset": args.dataset, "subset": args.subset, "eval_every": args.eval_every,
+        "ranks": 4, "epochs": args.epochs, "batch_size": args.batch_size,
         "seeds": seeds, "parameters": runs[0]["parameters"], "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "seconds_this_session": time.time() - started, "cpus": os.cpu_count(), "machine": describe(),
         "load_average": {"before": loads[0]["before"], "after": loads[-1]["after"],
