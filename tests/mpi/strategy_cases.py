@@ -36,7 +36,7 @@ from workbench.comm.strategies import BACKOFF, INITIAL_LOSS_SCALE, GradientReduc
 from workbench.comm.tuning import Tuner  # noqa: E402
 from workbench.models import FlatParams, build  # noqa: E402
 from workbench.optim import rules  # noqa: E402
-from workbench.optim.sync import gradient_step  # noqa: E402
+from workbench.optim.sync import gradient_step, gradient_step_  # noqa: E402
 
 torch.set_num_threads(1)
 WORLD = MPI.COMM_WORLD
@@ -611,6 +611,27 @@ def test_a_csc_step_by_hand_is_dgc_with_the_masked_momentum_carried(comm_name, c
     x2, velocity2 = gradient_step(x, velocity, reducer, size, lr, m)
     torch.testing.assert_close(x2, x - lr * sent2 + m * velocity, rtol=0, atol=1e-15)  # DGC's step + the carry
     torch.testing.assert_close(velocity2, m * velocity - lr * share * sent2, rtol=1e-12, atol=1e-15)
+    reducer.close()
+
+
+@pytest.mark.parametrize("options", [Communication(), Communication(sparse_ratio=0.5, sparse_chunk=2)])
+def test_the_in_place_step_is_the_functional_one_bit_for_bit(options):
+    """sync-sgd's update in place (gradient_step_: no model-sized temporaries) gives the bits of
+    gradient_step, dense and with CSC's carried momentum, over steps with the velocity built up."""
+    m, n = 0.9, 64
+    reducer = _pool_rig(WORLD, n, options, m)
+    gen = torch.Generator().manual_seed(RANK)
+    x, velocity = torch.randn(n, dtype=torch.float64, generator=gen), torch.zeros(n, dtype=torch.float64)
+    x_, velocity_, scratch = x.clone(), velocity.clone(), torch.empty_like(x)
+    for step in range(5):
+        if reducer.csc is not None:
+            reducer.csc.ratio = 0.5
+        reducer.grad.copy_(torch.randn(n, dtype=torch.float64, generator=gen))
+        assert reducer.reduce()
+        x, velocity = gradient_step(x, velocity, reducer, SIZE, 0.05, m)
+        gradient_step_(x_, velocity_, reducer, SIZE, 0.05, m, scratch)
+        assert torch.equal(x_, x) and torch.equal(velocity_, velocity), step
+    assert velocity.abs().sum() > 0
     reducer.close()
 
 
