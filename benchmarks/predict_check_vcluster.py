@@ -133,7 +133,7 @@ def mpi_latency(vc, rate_bits: float, folder: Path, timeout: float) -> dict:
     sleeper at once), so this is the latency a run's all-reduce meets on a loaded machine. The probe's
     bytes fit the links' burst (:func:`workbench.vcluster.wiring.burst_bytes`, refilled between
     repetitions), so only what exceeds it is taken off as transfer time."""
-    from workbench.netsim.costs import TCP_PAYLOAD_SHARE
+    from workbench.netsim.costs import TCP_PAYLOAD_SHARE, wire_bytes
     from workbench.vcluster.wiring import burst_bytes
     from workbench.runtime.launch.mpiexec import run_mpi
     path = folder / f"latency-{time.time_ns()}.json"
@@ -142,7 +142,7 @@ def mpi_latency(vc, rate_bits: float, folder: Path, timeout: float) -> dict:
             timeout=timeout, cwd=Path(__file__).resolve().parent.parent, **vc.run_options(vc.nodes))
     (row,) = json.loads(path.read_text())["results"]
     steps = 2 * (vc.nodes - 1)
-    sent = 2 * (vc.nodes - 1) / vc.nodes * PROBE_BYTES / TCP_PAYLOAD_SHARE   # a rank's bytes on the wire
+    sent = wire_bytes("ring", vc.nodes, PROBE_BYTES) / TCP_PAYLOAD_SHARE   # a rank's bytes on the wire
     transfer = max(sent - burst_bytes(rate_bits), 0) / (rate_bits / 8) / steps
     return {"latency_s": max(row["mean_s"] / steps - transfer, 0.0), "probe": row, "load_1min": os.getloadavg()[0]}
 
