@@ -158,6 +158,20 @@ def test_a_subset_keeps_the_first_rows_of_each_split_and_the_whole_sets_classes(
     assert (images.train_samples, len(images.y_train), len(images.y_test)) == (8, 2, 8)
 
 
+def test_a_subset_decompresses_only_its_rows_of_images(tiny):
+    folder, arrays = tiny
+    path = folder / (data.IDX_FILES["X_test"] + ".gz")
+    assert np.array_equal(data.read_idx(path, rows=5), arrays["X_test"][:5])
+    assert np.array_equal(data.read_idx(path, rows=99), arrays["X_test"])  # at most N
+    whole = gzip.decompress(path.read_bytes())
+    path.write_bytes(gzip.compress(whole)[:-40])  # the file cut short: its last rows are gone
+    assert np.array_equal(data.read_idx(path, rows=5), arrays["X_test"][:5])  # the rest is never read
+    with pytest.raises((EOFError, ValueError)):
+        data.read_idx(path)
+    cut = data.load(f"idx:{folder}", subset=2)  # two rows of labels 0 and 1: the set's 3 classes all the same
+    assert cut.num_classes == 3 and cut.y_test.tolist() == [0, 1]
+
+
 def test_the_subset_option_sizes_the_run(tmp_path):
     """RunConfig(subset=N): checked, counted in the planned steps, and honoured by the ranks."""
     from workbench.runtime.client.run import _expected_steps

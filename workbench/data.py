@@ -208,9 +208,11 @@ def _idx_path(name: str, folder: Path, key: str) -> Path:
                      f"{', '.join(IDX_FILES.values())})")
 
 
-def read_idx(path: str | os.PathLike, header_only: bool = False) -> np.ndarray | tuple[int, ...]:
+def read_idx(path: str | os.PathLike, header_only: bool = False, rows: int | None = None
+             ) -> np.ndarray | tuple[int, ...]:
     """An IDX file (``.gz`` or raw) of unsigned bytes as a numpy array, or with ``header_only`` its
-    shape; ValueError naming the file when it is not one."""
+    shape; ``rows=N`` reads (and decompresses) only the first N rows. ValueError naming the file
+    when it is not one."""
     import gzip
     opener = gzip.open if str(path).endswith(".gz") else open
     with opener(path, "rb") as f:
@@ -220,7 +222,9 @@ def read_idx(path: str | os.PathLike, header_only: bool = False) -> np.ndarray |
         shape = tuple(int.from_bytes(f.read(4), "big") for _ in range(head[3]))
         if header_only:
             return shape
-        data = np.frombuffer(f.read(), dtype=np.uint8)
+        if rows is not None:
+            shape = (min(rows, shape[0]), *shape[1:])
+        data = np.frombuffer(f.read(int(np.prod(shape)) if rows is not None else -1), dtype=np.uint8)
     if data.size != int(np.prod(shape)):
         raise ValueError(f"{os.fspath(path)!r}: {data.size} bytes of data for shape {shape}")
     return data.reshape(shape)
@@ -242,7 +246,9 @@ def from_idx(name: str, **cut) -> Dataset:
     """An IDX dataset (``fashion-mnist`` or ``idx:FOLDER``): pixels / 255, images flattened; only the
     rows ``cut`` keeps become float32 (a worker of 4 holds 47 MB of Fashion-MNIST, not 188 MB)."""
     folder = _idx_folder(name)
-    arrays = {key: read_idx(_idx_path(name, folder, key)) for key in IDX_FILES}
+    # images: only the rows a subset keeps are decompressed; labels whole (the class count is the set's)
+    arrays = {key: read_idx(_idx_path(name, folder, key), rows=cut.get("subset") if key.startswith("X") else None)
+              for key in IDX_FILES}
     X = {key: arrays[key].reshape(len(arrays[key]), -1) for key in ("X_train", "X_test")}
     return _tensors(name, X["X_train"], arrays["y_train"].astype(np.int64), X["X_test"],
                     arrays["y_test"].astype(np.int64), scale=1 / 255, **cut)
