@@ -10,17 +10,23 @@ as in ``gradient_comm_vcluster.py``; resnet18 on 28x28x1, 11.2M), a fresh random
 step (copied in outside the timing), the median over ``--steps`` after one untimed step. The
 plain all-reduce hook (one bucket) is the baseline: on one rank it is the bookkeeping alone.
 
+Then the optimizer's update after it, both ways (``--update``): the functional form
+(``workbench.optim.sync.gradient_step``, new model-sized tensors each step, copied back as the
+training loop did before the update went in place) against ``gradient_step_`` in place, median wall
+milliseconds and minor page faults a step (dense: momentum SGD; CSC: its carried momentum).
+
 Costs are CPU time of the timing thread (``time.thread_time``: a loaded machine inflates it far
 less than wall time, which is recorded too, beside the load average). Prints a table and writes
 JSON (default benchmarks/results/hook_cost.json).
 
-    python benchmarks/hook_cost.py [--models alexnet,resnet18] [--steps 5] [--json PATH]
+    python benchmarks/hook_cost.py [--models alexnet,resnet18] [--steps 5] [--update] [--json PATH]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -36,6 +42,7 @@ from workbench.bench.machine import Load, describe  # noqa: E402
 from workbench.comm.options import Communication  # noqa: E402
 from workbench.comm.strategies import GradientReducer  # noqa: E402
 from workbench.models import FlatParams, build  # noqa: E402
+from workbench.optim.sync import gradient_step, gradient_step_  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -52,7 +59,7 @@ STRATEGIES = {
 }
 
 
-def measure(model: str, strategy: str, steps: int) -> dict:
+def measure(model: str, strategy: str, steps: int, update: bool = False) -> dict:
     """Median CPU and wall milliseconds of one ``reduce()`` of ``model``'s pool under ``strategy``."""
     torch.manual_seed(0)
     flat = FlatParams(build(model, *SHAPES[model]))
@@ -72,10 +79,39 @@ def measure(model: str, strategy: str, steps: int) -> dict:
         if step:  # the first step allocates what the state keeps
             cpu.append(c)
             wall.append(w)
+    row = {"model": model, "strategy": strategy, "parameters": flat.grad.numel(),
+           "cpu_ms": statistics.median(cpu) * 1e3, "wall_ms": statistics.median(wall) * 1e3,
+           "cpu_ms_each": [x * 1e3 for x in cpu], "options": options.describe()}
+    if update:
+        row.update(update_cost(flat, reducer, 0.9, steps))  # the runs' momentum (RunConfig's default)
     reducer.close()
-    return {"model": model, "strategy": strategy, "parameters": flat.grad.numel(),
-            "cpu_ms": statistics.median(cpu) * 1e3, "wall_ms": statistics.median(wall) * 1e3,
-            "cpu_ms_each": [x * 1e3 for x in cpu], "options": options.describe()}
+    return row
+
+
+def update_cost(flat: FlatParams, reducer: GradientReducer, momentum: float, steps: int) -> dict:
+    """The update after ``reducer``'s last sum, functional (copied back) and in place: median wall
+    milliseconds and minor page faults a step, over ``steps`` steps after one."""
+    x, velocity, scratch = flat.data, torch.zeros_like(flat.data), torch.empty_like(flat.data)
+
+    def functional():
+        new_x, new_velocity = gradient_step(x, velocity, reducer, 4, 1e-3, momentum)
+        x.copy_(new_x)
+        velocity.copy_(new_velocity)
+
+    out = {}
+    for name, step in (("functional", functional),
+                       ("in_place", lambda: gradient_step_(x, velocity, reducer, 4, 1e-3, momentum, scratch))):
+        wall, faults = [], []
+        for i in range(steps + 1):
+            f, w = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+            step()
+            w, f = time.perf_counter() - w, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f
+            if i:
+                wall.append(w)
+                faults.append(f)
+        out[f"update_{name}_ms"] = statistics.median(wall) * 1e3
+        out[f"update_{name}_faults"] = statistics.median(faults)
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -83,6 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--models", default="alexnet,resnet18")
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--update", action="store_true", help="also time the optimizer's update, functional and in place")
     parser.add_argument("--json", type=Path, default=RESULTS / "hook_cost.json")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
@@ -97,7 +134,7 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--steps must be >= 1; got {args.steps}")
     torch.set_num_threads(1)
     load, started = Load(), time.time()
-    rows = [measure(m, s, args.steps) for m in models for s in strategies]
+    rows = [measure(m, s, args.steps, args.update) for m in models for s in strategies]
     for row in rows:
         base = next((r for r in rows if r["model"] == row["model"] and r["strategy"] == "dense fp32"), None)
         row["over_dense_ms"] = row["cpu_ms"] - base["cpu_ms"] if base else None
@@ -110,6 +147,12 @@ def main(argv: list[str] | None = None) -> dict:
                    headers=["model", "strategy", "parameters", "CPU ms/step", "wall ms/step", "vs dense"]))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1))
+    if args.update:
+        print(tabulate([[r["model"], r["strategy"], f"{r['update_functional_ms']:.0f}",
+                         f"{r['update_functional_faults']:,.0f}", f"{r['update_in_place_ms']:.0f}",
+                         f"{r['update_in_place_faults']:,.0f}"] for r in rows],
+                       headers=["model", "strategy", "update ms, functional", "page faults", "update ms, in place",
+                                "page faults"]))
     print(f"wrote {args.json}")
     return report
 

@@ -72,11 +72,15 @@ def gradient_step_(x: torch.Tensor, velocity: torch.Tensor, reducer: GradientRed
     order), with ``scratch`` (a tensor like ``x``) for the step's gradient term. The functional form
     makes five model-sized tensors a step, each faulted in page by page: AlexNet's 61M parameters
     took 1.08 s a step on one core here (0.85 s of it the kernel's page faults) against 0.11 s in
-    place. CSC's carried momentum keeps the functional form (copied back)."""
+    place. With CSC's momentum correction, :func:`~workbench.optim.rules.carried_momentum_sgd`'s
+    operations in its order, the mean gradient computed twice into ``scratch``."""
     if reducer.momentum_in_communication:
-        new_x, new_velocity = gradient_step(x, velocity, reducer, ranks, lr, momentum)
-        x.copy_(new_x)
-        velocity.copy_(new_velocity)
+        torch.div(reducer.grad, ranks, out=scratch).mul_(lr)      # lr * grad
+        x.sub_(scratch)                                           # x - lr * grad
+        velocity.mul_(momentum)                                   # momentum * v
+        x.add_(velocity)                                          # x' = x - lr * grad + momentum * v
+        torch.div(reducer.grad, ranks, out=scratch).mul_(reducer.csc.carry_weight).mul_(lr)  # lr * (carried * grad)
+        velocity.sub_(scratch)                                    # v' = momentum * v - lr * (carried * grad)
         return
     torch.div(reducer.grad, ranks, out=scratch)   # the mean gradient
     scratch.mul_(lr)                              # lr * grad
