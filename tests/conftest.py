@@ -10,7 +10,7 @@ import pytest
 
 from workbench.runtime.launch.mpiexec import MPILaunchError, run_mpi
 
-from engines_fixture import engines  # noqa: F401  (module fixture: runs on warm engines)
+from engines_fixture import engines  # noqa: F401  (session fixture: runs on warm engines)
 from slurm_fixture import local_slurm  # noqa: F401  (session fixture: a private Slurm)
 from vcluster_fixture import vc4  # noqa: F401  (session fixture: a virtual cluster of 4 nodes)
 
