@@ -119,7 +119,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--models", default="alexnet,resnet18")
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--update", action="store_true", help="also time the optimizer's update, functional and in place")
+    parser.add_argument("--update", action="store_true",
+                        help="also time the optimizer's update, functional and in place")
     parser.add_argument("--json", type=Path, default=RESULTS / "hook_cost.json")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]

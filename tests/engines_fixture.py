@@ -6,10 +6,11 @@ records are touched); the environment is restored when it stops.
 
 ``engines`` (one for the whole session, started by the first test that asks for it, stopped at the
 end; the private state folder and tuning table stay in the environment while it is up):
-``engines(cfg, run_dir, timeout=240)`` trains ``cfg`` on such a cluster and returns its summary, as ``batch.train`` does under mpiexec; the run directory gets the
-same files. For the tests whose point is what a run computes (update rules, bytes, determinism), not
-how ranks start: a run on started engines takes about 1 s here, a new ``mpiexec`` job 6-7 s, most of
-it ``import torch`` in every rank. A run that fails raises :class:`~workbench.runtime.client.run.RunError`.
+``engines(cfg, run_dir, timeout=240)`` trains ``cfg`` on such a cluster and returns its summary, as
+``batch.train`` does under mpiexec; the run directory gets the same files. For the tests whose point
+is what a run computes (update rules, bytes, determinism), not how ranks start: a run on started
+engines takes about 1 s here, a new ``mpiexec`` job 6-7 s, most of it ``import torch`` in every rank.
+A run that fails raises :class:`~workbench.runtime.client.run.RunError`.
 """
 from __future__ import annotations
 

@@ -168,7 +168,7 @@ def test_a_subset_decompresses_only_its_rows_of_images(tiny):
     assert np.array_equal(data.read_idx(path, rows=5), arrays["X_test"][:5])  # the rest is never read
     with pytest.raises((EOFError, ValueError)):
         data.read_idx(path)
-    cut = data.load(f"idx:{folder}", subset=2)  # two rows of labels 0 and 1: the set's 3 classes all the same
+    cut = data.load(f"idx:{folder}", subset=2)  # labels 0 and 1 only: the set's 3 classes kept
     assert cut.num_classes == 3 and cut.y_test.tolist() == [0, 1]
 
 
