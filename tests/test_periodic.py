@@ -63,6 +63,23 @@ def test_mix():
     assert rules.mix(local, outer, 0.0).tolist() == outer.tolist()
 
 
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_the_inner_momentum_step_in_place_is_the_functional_one_bit_for_bit(weight_decay):
+    """InnerOptimizer's momentum SGD updates x and its velocity in place with the bits of
+    rules.momentum_sgd on grad + weight_decay * x, over steps with the velocity built up."""
+    from workbench.optim.periodic import InnerOptimizer
+    cfg = RunConfig(algorithm="local-sgd", weight_decay=weight_decay)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1000, generator=gen)
+    inner, x_, v = InnerOptimizer(cfg, x), x.clone(), torch.zeros_like(x)
+    for step in range(5):
+        grad = torch.randn(1000, generator=gen)
+        inner.step(x_, grad, 0.05)
+        x, v = rules.momentum_sgd(x, v, grad + weight_decay * x if weight_decay else grad, 0.05, cfg.hyper.momentum)
+        assert torch.equal(x_, x) and torch.equal(inner.v, v), step
+    assert cfg.hyper.momentum > 0 and v.abs().sum() > 0
+
+
 # -- the fragments -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("sizes, count", [([10, 3, 500, 7, 200, 4], 3), ([5] * 8, 8), ([1, 1000], 2), ([9, 9], 1)])
 def test_fragments_partition_the_tensors_in_order(sizes, count):

@@ -50,16 +50,26 @@ class InnerOptimizer:
         self.v = torch.zeros_like(like)
         self.m = torch.zeros_like(like) if self.kind == "adamw" else None
         self.t = 0
+        self.scratch: torch.Tensor | None = None  # momentum SGD's lr * g, made at the first step
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
-        """One step at learning rate ``lr`` (the run's schedule: :meth:`Context.lr`)."""
+        """One step at learning rate ``lr`` (the run's schedule: :meth:`Context.lr`). Momentum SGD
+        runs in place, the bits of :func:`~workbench.optim.rules.momentum_sgd` (each elementwise
+        operation in its order, into one scratch tensor kept: no model-sized temporaries, which a
+        large model faults in page by page every step, as sync-sgd's ``gradient_step_``)."""
         self.t += 1
         if self.kind == "adamw":
             new, self.m, self.v = rules.adamw(x, self.m, self.v, grad, self.t, lr, self.weight_decay)
+            x.copy_(new)
+            return
+        if self.scratch is None:
+            self.scratch = torch.empty_like(x)
+        if self.weight_decay:
+            torch.mul(x, self.weight_decay, out=self.scratch).add_(grad).mul_(lr)  # lr * (grad + wd * x)
         else:
-            g = grad + self.weight_decay * x if self.weight_decay else grad
-            new, self.v = rules.momentum_sgd(x, self.v, g, lr, self.momentum)
-        x.copy_(new)
+            torch.mul(grad, lr, out=self.scratch)                                # lr * grad
+        self.v.mul_(self.momentum).sub_(self.scratch)                      # v' = momentum * v - lr * g
+        x.add_(self.v)                                                     # x' = x + v'
 
     def state(self) -> dict:
         return {"inner_v": self.v.clone(), "inner_t": self.t,
