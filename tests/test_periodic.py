@@ -75,7 +75,8 @@ def test_the_inner_momentum_step_in_place_is_the_functional_one_bit_for_bit(weig
     for step in range(5):
         grad = torch.randn(1000, generator=gen)
         inner.step(x_, grad, 0.05)
-        x, v = rules.momentum_sgd(x, v, grad + weight_decay * x if weight_decay else grad, 0.05, cfg.hyper.momentum)
+        g = grad + weight_decay * x if weight_decay else grad
+        x, v = rules.momentum_sgd(x, v, g, 0.05, cfg.hyper.momentum)
         assert torch.equal(x_, x) and torch.equal(inner.v, v), step
     assert cfg.hyper.momentum > 0 and v.abs().sum() > 0
 
