@@ -54,9 +54,7 @@ class InnerOptimizer:
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
         """One step at learning rate ``lr`` (the run's schedule: :meth:`Context.lr`). Momentum SGD
-        runs in place, the bits of :func:`~workbench.optim.rules.momentum_sgd` (each elementwise
-        operation in its order, into one scratch tensor kept: no model-sized temporaries, which a
-        large model faults in page by page every step, as sync-sgd's ``gradient_step_``)."""
+        runs in place (:func:`~workbench.optim.rules.momentum_sgd_`, one scratch tensor kept)."""
         self.t += 1
         if self.kind == "adamw":
             new, self.m, self.v = rules.adamw(x, self.m, self.v, grad, self.t, lr, self.weight_decay)
@@ -65,11 +63,8 @@ class InnerOptimizer:
         if self.scratch is None:
             self.scratch = torch.empty_like(x)
         if self.weight_decay:
-            torch.mul(x, self.weight_decay, out=self.scratch).add_(grad).mul_(lr)  # lr * (grad + wd * x)
-        else:
-            torch.mul(grad, lr, out=self.scratch)                                # lr * grad
-        self.v.mul_(self.momentum).sub_(self.scratch)                      # v' = momentum * v - lr * g
-        x.add_(self.v)                                                     # x' = x + v'
+            grad = torch.mul(x, self.weight_decay, out=self.scratch).add_(grad)  # grad + wd * x
+        rules.momentum_sgd_(x, self.v, grad, lr, self.momentum, self.scratch)
 
     def state(self) -> dict:
         return {"inner_v": self.v.clone(), "inner_t": self.t,

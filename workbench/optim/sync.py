@@ -67,13 +67,10 @@ def gradient_step(x: torch.Tensor, velocity: torch.Tensor, reducer: GradientRedu
 
 def gradient_step_(x: torch.Tensor, velocity: torch.Tensor, reducer: GradientReducer, ranks: int, lr: float,
                    momentum: float, scratch: torch.Tensor) -> None:
-    """:func:`gradient_step` in place: ``x`` and ``velocity`` become ``x'`` and ``velocity'``, the same
-    bits (each elementwise operation of :func:`~workbench.optim.rules.momentum_sgd` in the same
-    order), with ``scratch`` (a tensor like ``x``) for the step's gradient term. The functional form
-    makes five model-sized tensors a step, each faulted in page by page: AlexNet's 61M parameters
-    took 1.08 s a step on one core here (0.85 s of it the kernel's page faults) against 0.11 s in
-    place. With CSC's momentum correction, :func:`~workbench.optim.rules.carried_momentum_sgd`'s
-    operations in its order, the mean gradient computed twice into ``scratch``."""
+    """:func:`gradient_step` in place, the same bits, with ``scratch`` (a tensor like ``x``):
+    :func:`~workbench.optim.rules.momentum_sgd_` on the mean gradient; with CSC's momentum correction,
+    :func:`~workbench.optim.rules.carried_momentum_sgd`'s operations in its order, the mean gradient
+    computed twice into ``scratch`` (the summed gradient is left as it is)."""
     if reducer.momentum_in_communication:
         torch.div(reducer.grad, ranks, out=scratch).mul_(lr)      # lr * grad
         x.sub_(scratch)                                           # x - lr * grad
@@ -82,10 +79,8 @@ def gradient_step_(x: torch.Tensor, velocity: torch.Tensor, reducer: GradientRed
         torch.div(reducer.grad, ranks, out=scratch).mul_(reducer.csc.carry_weight).mul_(lr)  # lr * (carried * grad)
         velocity.sub_(scratch)                                    # v' = momentum * v - lr * (carried * grad)
         return
-    torch.div(reducer.grad, ranks, out=scratch)   # the mean gradient
-    scratch.mul_(lr)                              # lr * grad
-    velocity.mul_(momentum).sub_(scratch)         # v' = momentum * v - lr * grad
-    x.add_(velocity)                              # x' = x + v'
+    torch.div(reducer.grad, ranks, out=scratch)                   # the mean gradient
+    rules.momentum_sgd_(x, velocity, scratch, lr, momentum, scratch)
 
 
 class _Background:
