@@ -42,7 +42,7 @@ def _as_nobody(argv: list[str], env: dict, timeout: float = 120) -> subprocess.C
     folder only root may pass (pyenv in /root): in a private mount namespace of this call only, such a
     folder is covered by one that lets anyone pass, holding just the entries the command needs."""
     steps = []
-    for i, (folder, entries) in enumerate(_blocking([sys.executable, sys.prefix, str(ROOT)]).items()):
+    for i, (folder, entries) in enumerate(_blocking([sys.executable, sys.prefix, str(ROOT / "workbench")]).items()):
         stash = f"/run/wbtest-stash-{os.getpid()}-{i}"
         steps += [f"mkdir -p {stash}", f"mount --bind '{folder}' {stash}",
                   f"mount -t tmpfs -o mode=0711 wbtest '{folder}'"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -39,11 +40,27 @@ class Database:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not shared_files() and not self.path.exists():  # created owner-only before sqlite opens it
             os.close(os.open(self.path, os.O_CREAT | os.O_RDWR, 0o600))
-        with self._read() as conn:  # persistent in the file; only its first opener changes it
-            if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                conn.execute("PRAGMA journal_mode = WAL")
+        self._use_wal()
         with self._write() as conn:
             ensure_schema(conn, self.path)
+
+    def _use_wal(self) -> None:
+        """Switch the file to WAL (persistent; only its first opener changes it). Openers racing on a
+        new file can find it locked: SQLite answers the switch with "database is locked" at once,
+        without its busy handler, so the switch is retried up to the busy timeout."""
+        deadline = time.monotonic() + BUSY_TIMEOUT_SECONDS
+        while True:
+            try:
+                with self._read() as conn:
+                    if (conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+                            or conn.execute("PRAGMA journal_mode = WAL").fetchone()[0] == "wal"):
+                        return
+                if time.monotonic() > deadline:  # the switch answered with the old mode
+                    raise sqlite3.OperationalError(f"results store: {self.path} could not switch to WAL mode")
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.01)
 
     def _connect(self) -> sqlite3.Connection:
         # timeout= is sqlite's busy_timeout; isolation_level=None: transactions are explicit
