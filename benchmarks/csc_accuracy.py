@@ -11,7 +11,10 @@ Every row is a whole ``sync-sgd`` run per seed through :func:`workbench.runtime.
 - ``csc-0.1``, ``csc-0.3``, ``csc-0.01``: CSC with the carry;
 - ``csc-0.1-dgc``, ``csc-0.3-dgc``, ``csc-0.01-dgc``: DGC's masking as published (what CSC did
   before the carry); ``csc-0.1-dgc-lr-x3``: the same at 3x the learning rate (the speed the
-  masking takes away at rho 0.1: 1/gain(10) = 2.4).
+  masking takes away at rho 0.1: 1/gain(10) = 2.4);
+- ``csc-0.01-warm-3``, ``csc-0.01-c16``, ``-c8``, ``-c4``: a longer warm-up, finer chunks;
+  ``csc-0.01-clip``, ``-clip-1``, ``csc-0.01-c8-clip``, ``csc-0.1-clip``: DGC's local gradient
+  clipping (``clip_norm`` 0.5, 1.0) on the sparse steps.
 
 Columns: final test accuracy, mean, standard deviation and min-max over seeds; the paired
 difference from ``dense`` (same seed: same initial weights, shards and batches) with its mean and
@@ -45,7 +48,8 @@ from gradient_comm import WORKBENCH, run_workbench
 from workbench.bench.machine import Load, describe
 
 ROWS = ["dense", "fp16", "csc-0.1", "csc-0.1-dgc", "csc-0.1-dgc-lr-x3", "csc-0.3", "csc-0.3-dgc", "csc-0.01",
-        "csc-0.01-dgc", "csc-0.01-warm-3", "csc-0.01-c16", "csc-0.01-c8", "csc-0.01-c4"]
+        "csc-0.01-dgc", "csc-0.01-warm-3", "csc-0.01-c16", "csc-0.01-c8", "csc-0.01-c4", "csc-0.01-clip",
+        "csc-0.01-clip-1", "csc-0.01-c8-clip", "csc-0.1-clip"]
 #: the rows gradient_comm.py's WORKBENCH lacks: DGC's momentum factor masking as published (the masked
 #: momentum dropped, not carried on), at 3x the learning rate (the speed the masking takes away at
 #: rho 0.1), and CSC at rho 0.3
@@ -60,7 +64,13 @@ DGC_ROWS = {"csc-0.1-dgc": {"sparse_ratio": 0.1, "warmup_epochs": 1, "carry_mome
             "csc-0.01-c16": {"sparse_ratio": 0.01, "warmup_epochs": 1, "sparse_chunk": 16},
             # finer still: more chunks chosen (127 of 12,723 of 4), at the price of more norms (n/c floats)
             "csc-0.01-c8": {"sparse_ratio": 0.01, "warmup_epochs": 1, "sparse_chunk": 8},
-            "csc-0.01-c4": {"sparse_ratio": 0.01, "warmup_epochs": 1, "sparse_chunk": 4}}
+            "csc-0.01-c4": {"sparse_ratio": 0.01, "warmup_epochs": 1, "sparse_chunk": 4},
+            # DGC's local gradient clipping on the sparse steps (clip_norm G: each of the 4 ranks' gradients
+            # to an L2 norm of G/2; the MLP's per-rank norms ran 0.5-1.9 in the dense epoch)
+            "csc-0.01-clip": {"sparse_ratio": 0.01, "warmup_epochs": 1, "clip_norm": 0.5},
+            "csc-0.01-clip-1": {"sparse_ratio": 0.01, "warmup_epochs": 1, "clip_norm": 1.0},
+            "csc-0.01-c8-clip": {"sparse_ratio": 0.01, "warmup_epochs": 1, "sparse_chunk": 8, "clip_norm": 0.5},
+            "csc-0.1-clip": {"sparse_ratio": 0.1, "warmup_epochs": 1, "clip_norm": 0.5}}
 
 
 def paired(rows: dict[str, list[dict]], key: str) -> dict:

@@ -201,11 +201,16 @@ def test_derived_properties():
     assert text == "one message per step, overlap, fp32, CSC rho=0.1 c=32 warm-up 2 no residual no momentum correction"
     dgc = Communication(sparse_ratio=0.1, carry_momentum=False).describe()
     assert dgc == "one message per step, fp32, CSC rho=0.1 c=64 masked momentum dropped"
+    clipped = Communication(sparse_ratio=0.01, warmup_epochs=1, clip_norm=1)
+    assert clipped.clip_norm == 1.0 and isinstance(clipped.clip_norm, float)
+    assert clipped.describe() == "one message per step, fp32, CSC rho=0.01 c=64 warm-up 1 clip 1"
 
 
 FUSION = re.escape("fusion_bytes must be an integer >= 0 (bytes; 0 = one message per tensor) "
                    "or None (one message per step)")
 RATIO = re.escape("sparse_ratio must be a number in (0, 1] (the share of chunks sent) or None (dense)")
+CLIP = re.escape("clip_norm must be a number > 0 (the L2 norm the ranks' gradients are clipped to, together) "
+                 "or None (no clipping)")
 
 
 @pytest.mark.parametrize("options,message", [
@@ -231,6 +236,12 @@ RATIO = re.escape("sparse_ratio must be a number in (0, 1] (the share of chunks 
     ({"sparse_ratio": 0.1, "sparse_chunk": True}, r"sparse_chunk must be an integer >= 1 \(elements\); got True"),
     ({"sparse_ratio": 0.1, "warmup_epochs": -1}, "warmup_epochs must be an integer >= 0; got -1"),
     ({"sparse_ratio": 0.1, "warmup_epochs": 0.5}, "warmup_epochs must be an integer >= 0; got 0.5"),
+    ({"sparse_ratio": 0.1, "clip_norm": 0}, CLIP + "; got 0"),
+    ({"sparse_ratio": 0.1, "clip_norm": -1.0}, CLIP + "; got -1.0"),
+    ({"sparse_ratio": 0.1, "clip_norm": math.nan}, CLIP + "; got nan"),
+    ({"sparse_ratio": 0.1, "clip_norm": math.inf}, CLIP + "; got inf"),
+    ({"sparse_ratio": 0.1, "clip_norm": True}, CLIP + "; got True"),
+    ({"sparse_ratio": 0.1, "clip_norm": "1"}, CLIP + "; got '1'"),
 ])
 def test_bad_options_are_refused_with_a_message_naming_them(options, message):
     with pytest.raises(CommunicationError, match=f"^{message}$"):
@@ -238,7 +249,8 @@ def test_bad_options_are_refused_with_a_message_naming_them(options, message):
 
 
 @pytest.mark.parametrize("name,value", [("warmup_epochs", 1), ("residual", False), ("momentum_correction", False),
-                                        ("carry_momentum", False), ("sparse_chunk", DEFAULT_SPARSE_CHUNK + 1)])
+                                        ("carry_momentum", False), ("sparse_chunk", DEFAULT_SPARSE_CHUNK + 1),
+                                        ("clip_norm", 0.5)])
 def test_csc_options_need_a_sparse_ratio(name, value):
     with pytest.raises(CommunicationError, match=rf"^{name} is an option of coarse-grained sparse communication; "
                                                  r"set sparse_ratio \(in \(0, 1\]\) to use it$"):

@@ -146,6 +146,9 @@ class RunConfig:
     carry_momentum: bool = option(_COMM["carry_momentum"], "CSC with momentum correction: the optimizer carries on "
                                   "the momentum that masking clears from the sent chunks (--no-carry-momentum: "
                                   "dropped, DGC as published)", group="gradient communication")
+    clip_norm: float | None = option(_COMM["clip_norm"], "CSC: DGC's local gradient clipping on sparse steps: each "
+                                     "rank's gradient scaled to an L2 norm of at most G/sqrt(ranks)", type=float,
+                                     metavar="G", group="gradient communication")
     comm_hook: str | None = option(
         None, "a gradient hook 'module:function' in place of the dense all-reduce (function(state, bucket) -> Work; "
               "docs/architecture.md, \"How to add a communication hook\")",

@@ -635,6 +635,38 @@ def test_the_in_place_step_is_the_functional_one_bit_for_bit(options):
     reducer.close()
 
 
+@pytest.mark.parametrize("comm_name", list(COMMS))
+@pytest.mark.parametrize("ratio", [0.5, 1.0])
+def test_csc_clips_each_ranks_gradient_to_its_share_of_clip_norm_on_sparse_steps(comm_name, ratio):
+    """DGC's local gradient clipping: two tensors of 6 and 2 elements, one bucket each, every rank
+    the same gradient (so the sent sum is ``size`` times what each rank folded in). On a sparse
+    step the folded gradient (what stayed in v plus the sent mean) is the gradient scaled to
+    ``clip_norm / sqrt(size)`` in all, each bucket to its share sqrt(n_b / n) of it; a bucket
+    already under its share, and every bucket on a dense step, is folded in as it was."""
+    comm, clip = COMMS[comm_name], 0.8
+    size = comm.Get_size()
+    params = [nn.Parameter(torch.zeros(6, dtype=torch.float64)), nn.Parameter(torch.zeros(2, dtype=torch.float64))]
+    reducer = GradientReducer(params, [(0, 6), (6, 8)], torch.zeros(8, dtype=torch.float64), comm, "native",
+                              Communication(fusion_bytes=0, sparse_ratio=0.5, sparse_chunk=2, clip_norm=clip),
+                              momentum=0.9, timeout=WAIT)
+    assert len(reducer.buckets) == 2
+    g = torch.tensor([3.0, -4.0, 12.0, 0.0, 1.0, 2.0, 0.01, -0.02], dtype=torch.float64)
+    reducer.csc.ratio = ratio
+    reducer.grad.copy_(g)
+    assert reducer.reduce()
+    folded = reducer.csc.v + reducer.grad / size
+    big, small = slice(0, 6), slice(6, 8)
+    if ratio < 1.0:
+        share = clip * math.sqrt(6 / 8) / math.sqrt(size)
+        assert float(g[big].norm()) > share
+        torch.testing.assert_close(folded[big], g[big] * share / g[big].norm(), rtol=1e-12, atol=0)
+        assert float(folded[big].norm()) == pytest.approx(share, rel=1e-12)
+    else:
+        torch.testing.assert_close(folded[big], g[big], rtol=1e-12, atol=0)
+    torch.testing.assert_close(folded[small], g[small], rtol=1e-12, atol=0)  # under its share: as it was
+    reducer.close()
+
+
 @pytest.mark.parametrize("carry,speed", [(True, 1.0), (False, 1 - 0.9 * (1 - 0.9 ** 2) / (2 * 0.1))])
 def test_csc_moves_at_momentum_sgds_speed_at_a_constant_gradient(carry, speed):
     """Two chunks of the same constant gradient g, ratio 0.5: each is sent every other step.

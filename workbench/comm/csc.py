@@ -29,7 +29,8 @@ class CSCState(HookState):
     index: a stable sort) and all-reduces only those, packed; the rest stays in the residual
     ``v``; momentum correction accumulates momentum ``u`` before the selection and clears the
     sent chunks in both (momentum factor masking, off during a dense warm-up unless the
-    momentum is carried).
+    momentum is carried). With ``clip_norm``, a sparse step's gradient is clipped first
+    (:func:`clip_`, DGC's local gradient clipping: see :class:`~workbench.comm.options.Communication`).
 
     **Carrying the momentum** (``carry_momentum``, docs/papers.md section 3): DGC's masking drops
     the momentum u of a sent chunk, which momentum SGD would have gone on applying
@@ -55,6 +56,7 @@ class CSCState(HookState):
         self.chunk, self.momentum = options.sparse_chunk, momentum
         self.residual, self.momentum_correction = options.residual, options.momentum_correction
         self.carry = options.carry_momentum and options.momentum_correction and momentum > 0
+        self.clip_norm = options.clip_norm
         self.ratio = 1.0
         self.mask_momentum = True
         self.u, self.v = torch.zeros_like(grad), torch.zeros_like(grad)
@@ -104,6 +106,8 @@ class CSCState(HookState):
         """Fold the bucket's gradient into u and v; returns v's slice."""
         g, part = bucket.buffer, slice(bucket.start, bucket.stop)
         u, v = self.u[part], self.v[part]
+        if self.clip_norm is not None and self.ratio < 1.0:
+            clip_(g, self.clip_norm * math.sqrt(bucket.numel / self.u.numel() / bucket.wire.size))
         if self.momentum_correction:
             u.mul_(self.momentum).add_(g)
             if self.residual:
@@ -119,6 +123,14 @@ class CSCState(HookState):
     def record(self, bucket: GradBucket, selected: torch.Tensor) -> None:
         self._digest.update(bucket.index.to_bytes(4, "little") + selected.numpy().astype(np.int64).tobytes())
         self.selection_digest = self._digest.hexdigest()
+
+
+def clip_(g: torch.Tensor, limit: float) -> None:
+    """Scale ``g`` down to an L2 norm of ``limit`` when it is larger (DGC's local gradient
+    clipping); a gradient with an inf or NaN is left for the overflow check to see."""
+    norm = float(torch.linalg.vector_norm(g))
+    if math.isfinite(norm) and norm > limit:
+        g.mul_(limit / norm)
 
 
 def chunked(t: torch.Tensor, c: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,8 +12,8 @@ The strategies compose in one order, each a switch (:mod:`workbench.comm.strateg
 4. **coarse-grained sparse communication** (CSC): ``sparse_ratio`` of the chunks of
    ``sparse_chunk`` elements with the largest L1 norms are sent; the rest stays in a local
    residual (``residual``), with momentum correction (``momentum_correction``), the masked
-   momentum carried on by the optimizer (``carry_momentum``) and a dense warm-up of
-   ``warmup_epochs`` epochs.
+   momentum carried on by the optimizer (``carry_momentum``), DGC's local gradient clipping
+   (``clip_norm``) and a dense warm-up of ``warmup_epochs`` epochs.
 
 ``PRESETS`` name common combinations for ``RunConfig(communication="fp16")``.
 """
@@ -58,6 +58,12 @@ class Communication:
             clears from a sent chunk goes on in the optimizer, as momentum SGD would have applied
             it; ``False``: dropped, DGC as published (at rho = 0.1 that trains at about 0.4 of
             momentum SGD's speed: docs/papers.md section 3).
+        clip_norm: CSC: DGC's local gradient clipping. On a sparse step each rank scales the
+            gradient it folds into its momentum and residual down to an L2 norm of at most
+            ``clip_norm / sqrt(ranks)`` (DGC's threshold scaled by N^-1/2), a bucket of ``n_b`` of
+            the ``n`` elements to its share ``clip_norm * sqrt(n_b / n) / sqrt(ranks)``, so the
+            whole gradient's bound holds for any fusion; dense steps (the warm-up) are not
+            clipped. ``None``: off.
     """
 
     fusion_bytes: int | None = None
@@ -69,6 +75,7 @@ class Communication:
     residual: bool = True
     momentum_correction: bool = True
     carry_momentum: bool = True
+    clip_norm: float | None = None
 
     def __post_init__(self) -> None:
         fb = self.fusion_bytes
@@ -90,12 +97,20 @@ class Communication:
         chunk = self.sparse_chunk
         if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < 1:
             raise CommunicationError(f"sparse_chunk must be an integer >= 1 (elements); got {chunk!r}")
+        clip = self.clip_norm
+        if clip is not None and (not isinstance(clip, (int, float)) or isinstance(clip, bool)
+                                 or not math.isfinite(clip) or clip <= 0):
+            raise CommunicationError(f"clip_norm must be a number > 0 (the L2 norm the ranks' gradients are "
+                                     f"clipped to, together) or None (no clipping); got {clip!r}")
+        if clip is not None:
+            object.__setattr__(self, "clip_norm", float(clip))
         warm = self.warmup_epochs
         if not isinstance(warm, int) or isinstance(warm, bool) or warm < 0:
             raise CommunicationError(f"warmup_epochs must be an integer >= 0; got {warm!r}")
         if ratio is None:
             for name, default in (("warmup_epochs", 0), ("residual", True), ("momentum_correction", True),
-                                  ("carry_momentum", True), ("sparse_chunk", DEFAULT_SPARSE_CHUNK)):
+                                  ("carry_momentum", True), ("sparse_chunk", DEFAULT_SPARSE_CHUNK),
+                                  ("clip_norm", None)):
                 if getattr(self, name) != default:
                     raise CommunicationError(f"{name} is an option of coarse-grained sparse communication; "
                                              f"set sparse_ratio (in (0, 1]) to use it")
@@ -140,6 +155,8 @@ class Communication:
                 csc += " no momentum correction"
             elif not self.carry_momentum:
                 csc += " masked momentum dropped"
+            if self.clip_norm is not None:
+                csc += f" clip {self.clip_norm:g}"
             parts.append(csc)
         return ", ".join(parts)
 
