@@ -114,6 +114,10 @@ os._exit(0)  # a kernel that dies: the cluster stays, its owner is gone
 """
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     assert len(_ours(name)["netns"]) == 3
+    listed = subprocess.run([sys.executable, "-m", "workbench.cli", "vcluster", "list"], capture_output=True, text=True,
+                            timeout=60).stdout
+    line = next(line for line in listed.splitlines() if line.startswith(name))
+    assert "owner (pid" in line and f"gone: `workbench vcluster down {name}`" in line, listed
     # a crashed `up` of another name left a namespace and a bridge without any record
     other = vcluster_name("e")
     subprocess.run(["ip", "netns", "add", f"wbv-{other}-0"], check=True)

@@ -141,12 +141,16 @@ def status_command(args) -> int:
 
 
 def list_command(args) -> int:
-    from ..vcluster import rootless
+    from ..vcluster import registry, rootless
     rows = rootless.records()
     if not rows:
         print("no virtual cluster is up")
     for r in rows:
-        print(f"{r['name']:10s} {r['nodes']:4d} nodes  {r['topology']:14s} {r['bandwidth']:>14,d} bit/s  {r.get('state')}")
+        state = r.get("state")
+        if registry.owner_gone(r):  # still wired, but the process that made it is gone
+            state = (f"{state}, its owner (pid {r['owner']['pid']}) gone: `workbench vcluster down {r['name']}`, "
+                     f"or the next `up` removes it")
+        print(f"{r['name']:10s} {r['nodes']:4d} nodes  {r['topology']:14s} {r['bandwidth']:>14,d} bit/s  {state}")
     return 0
 
 

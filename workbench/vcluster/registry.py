@@ -113,10 +113,15 @@ def stale_names() -> list[str]:
         except (OSError, ValueError):
             stale.append(path.parent.name)
             continue
-        owner = record.get("owner")
-        if owner and not same_process(owner["pid"], owner["started"]):
+        if owner_gone(record):
             stale.append(record["name"])
     return stale
+
+
+def owner_gone(record: dict) -> bool:
+    """The cluster belonged to a process (a ``with VirtualCluster`` block, a kernel's ``up()``) that is gone."""
+    owner = record.get("owner")
+    return bool(owner) and not same_process(owner["pid"], owner["started"])
 
 
 def same_process(pid: int, started: float) -> bool:
