@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import pytest
@@ -18,8 +20,11 @@ ROOT = Path(__file__).resolve().parent.parent
 MPI_DIR = Path(__file__).resolve().parent / "mpi"
 
 # runs, the results store, cluster records and generated data sets of the test session go to a
-# scratch directory, never into the working tree or the user's ~/.cache
+# scratch directory, never into the working tree or the user's ~/.cache; removed when the process that
+# made it exits (every MPI case rank's pytest loads this file too, and made one more each time)
 _SCRATCH = tempfile.mkdtemp(prefix="workbench-tests-")
+_MAKER = os.getpid()
+atexit.register(lambda: os.getpid() == _MAKER and shutil.rmtree(_SCRATCH, ignore_errors=True))
 for _name, _sub in (("WORKBENCH_STORE", "store.sqlite"), ("WORKBENCH_RUNS", "runs"),
                     ("WORKBENCH_STATE_DIR", "state"), ("WORKBENCH_DATA_CACHE", "datasets")):
     os.environ.setdefault(_name, str(Path(_SCRATCH) / _sub))
