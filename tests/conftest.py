@@ -24,7 +24,12 @@ MPI_DIR = Path(__file__).resolve().parent / "mpi"
 # made it exits (every MPI case rank's pytest loads this file too, and made one more each time)
 _SCRATCH = tempfile.mkdtemp(prefix="workbench-tests-")
 _MAKER = os.getpid()
-atexit.register(lambda: os.getpid() == _MAKER and shutil.rmtree(_SCRATCH, ignore_errors=True))
+
+
+@atexit.register
+def _remove_scratch() -> None:
+    if os.getpid() == _MAKER:  # not in a forked child that exits normally
+        shutil.rmtree(_SCRATCH, ignore_errors=True)
 for _name, _sub in (("WORKBENCH_STORE", "store.sqlite"), ("WORKBENCH_RUNS", "runs"),
                     ("WORKBENCH_STATE_DIR", "state"), ("WORKBENCH_DATA_CACHE", "datasets")):
     os.environ.setdefault(_name, str(Path(_SCRATCH) / _sub))
