@@ -14,7 +14,8 @@ Every row is a whole ``sync-sgd`` run per seed through :func:`workbench.runtime.
   masking takes away at rho 0.1: 1/gain(10) = 2.4);
 - ``csc-0.01-warm-3``, ``csc-0.01-c16``, ``-c8``, ``-c4``: a longer warm-up, finer chunks;
   ``csc-0.01-clip``, ``-clip-1``, ``csc-0.01-c8-clip``, ``csc-0.1-clip``: DGC's local gradient
-  clipping (``clip_norm`` 0.5, 1.0) on the sparse steps.
+  clipping (``clip_norm`` 0.5, 1.0) on the sparse steps; ``csc-0.01-clip-2``, ``csc-0.1-clip-2``: the
+  same at ``clip_norm`` 2 (for resnet18, whose gradients are a few times the MLP's).
 
 Columns: final test accuracy, mean, standard deviation and min-max over seeds; the paired
 difference from ``dense`` (same seed: same initial weights, shards and batches) with its mean and
@@ -24,7 +25,7 @@ a run already there is not run again, so an interrupted benchmark continues wher
 (the JSON records the load average around each run).
 
     python benchmarks/csc_accuracy.py [--model mlp] [--dataset digits] [--subset N] [--epochs 10]
-                                      [--batch-size 16] [--eval-every 10] [--seeds 0,1,2]
+                                      [--batch-size 16] [--lr-schedule constant] [--eval-every 10] [--seeds 0,1,2]
                                       [--rows dense,csc-0.1,...] [--json FILE]
 
 ``--subset N``: the first N rows of each split (resnet18 takes about an hour an epoch of all of
@@ -49,7 +50,7 @@ from workbench.bench.machine import Load, describe
 
 ROWS = ["dense", "fp16", "csc-0.1", "csc-0.1-dgc", "csc-0.1-dgc-lr-x3", "csc-0.3", "csc-0.3-dgc", "csc-0.01",
         "csc-0.01-dgc", "csc-0.01-warm-3", "csc-0.01-c16", "csc-0.01-c8", "csc-0.01-c4", "csc-0.01-clip",
-        "csc-0.01-clip-1", "csc-0.01-c8-clip", "csc-0.1-clip"]
+        "csc-0.01-clip-1", "csc-0.01-c8-clip", "csc-0.1-clip", "csc-0.01-clip-2", "csc-0.1-clip-2"]
 #: the rows gradient_comm.py's WORKBENCH lacks: DGC's momentum factor masking as published (the masked
 #: momentum dropped, not carried on), at 3x the learning rate (the speed the masking takes away at
 #: rho 0.1), and CSC at rho 0.3
@@ -70,7 +71,12 @@ DGC_ROWS = {"csc-0.1-dgc": {"sparse_ratio": 0.1, "warmup_epochs": 1, "carry_mome
             "csc-0.01-clip": {"sparse_ratio": 0.01, "warmup_epochs": 1, "clip_norm": 0.5},
             "csc-0.01-clip-1": {"sparse_ratio": 0.01, "warmup_epochs": 1, "clip_norm": 1.0},
             "csc-0.01-c8-clip": {"sparse_ratio": 0.01, "warmup_epochs": 1, "sparse_chunk": 8, "clip_norm": 0.5},
-            "csc-0.1-clip": {"sparse_ratio": 0.1, "warmup_epochs": 1, "clip_norm": 0.5}}
+            "csc-0.1-clip": {"sparse_ratio": 0.1, "warmup_epochs": 1, "clip_norm": 0.5},
+            # the same for resnet18, whose per-rank gradient norms ran 7-30 in its first 17 steps (145 at a spike),
+            # then 1-6 in steps 25-40 (one process, lr 0.1, momentum 0.9, four sub-batches of 16 averaged): G = 2
+            # clips each of 4 ranks at 1, a few times under its norm, as G = 0.5 is for the MLP
+            "csc-0.01-clip-2": {"sparse_ratio": 0.01, "warmup_epochs": 1, "clip_norm": 2.0},
+            "csc-0.1-clip-2": {"sparse_ratio": 0.1, "warmup_epochs": 1, "clip_norm": 2.0}}
 
 
 def paired(rows: dict[str, list[dict]], key: str) -> dict:
@@ -121,6 +127,8 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=10, help="steps between test evaluations")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--lr-schedule", default="constant", choices=["constant", "cosine", "step"],
+                        help="every row's learning rate over the run (RunConfig.lr_schedule)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of: {', '.join(ROWS)}")
     parser.add_argument("--timeout", type=float, default=900, help="seconds one run may take")
@@ -144,7 +152,7 @@ def main() -> None:
     summary = [paired(by_key, key) for key in rows]
     rows_used = f" (first {args.subset} rows)" if args.subset else ""
     print(f"\n{args.model} on {args.dataset}{rows_used}, 4 ranks, batch {args.batch_size} per rank, "
-          f"{args.epochs} epochs, seeds {args.seeds}")
+          f"{args.epochs} epochs, lr {args.lr_schedule}, seeds {args.seeds}")
     for s in summary:
         vs = "" if s["points_vs_dense"] is None or s["key"] == "dense" else \
             f"  {s['points_vs_dense']:+.2f} points vs dense (se {s['points_vs_dense_se'] or 0:.2f})"
@@ -154,7 +162,7 @@ def main() -> None:
     loads = [r["load_average"] for r in runs]
     out.write_text(json.dumps({
         "model": args.model, "dataset": args.dataset, "subset": args.subset, "eval_every": args.eval_every,
-        "ranks": 4, "epochs": args.epochs, "batch_size": args.batch_size,
+        "ranks": 4, "epochs": args.epochs, "batch_size": args.batch_size, "lr_schedule": args.lr_schedule,
         "seeds": seeds, "parameters": runs[0]["parameters"], "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
         "seconds_this_session": time.time() - started, "cpus": os.cpu_count(), "machine": describe(),
         "load_average": {"before": loads[0]["before"], "after": loads[-1]["after"],

@@ -283,7 +283,7 @@ def base_config(args, seed: int) -> dict:
     return dict(algorithm="sync-sgd", ranks=args.ranks, model=args.model, dataset=getattr(args, "dataset", "digits"),
                 subset=getattr(args, "subset", None), epochs=args.epochs, seed=seed,
                 batch_size=args.batch_size, collective=args.collective, eval_every=args.eval_every,
-                telemetry=False)
+                lr_schedule=getattr(args, "lr_schedule", "constant"), telemetry=False)
 
 
 def record(args, key: str, label: str, seed: int, s: dict, run_dir: Path, **extra) -> dict:

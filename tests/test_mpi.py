@@ -86,6 +86,15 @@ def test_a_rank_that_raises_is_named_with_its_traceback():
     assert "RuntimeError: injected failure on rank 2" in str(info.value)
 
 
+def test_a_ranks_last_words_are_kept_when_the_launcher_dies_before_forwarding_them():
+    """The rank writes to stderr while hydra's proxy, which forwards its output, is stopped, then the
+    proxy is killed (as when MPI_Abort has the proxy end the job before it read the aborting rank's
+    last words): the rank guard writes the rank's output itself, so the words are there."""
+    with pytest.raises(MPILaunchError, match="ran past its 10 s timeout") as info:
+        run_mpi(3, ["tests/mpi/failing_rank.py", "unforwarded", "1"], timeout=10)
+    assert "--- rank 1 ---\nlast words of rank 1" in info.value.output, info.value.output
+
+
 def test_a_hanging_rank_is_killed_at_the_timeout():
     start = time.monotonic()
     with pytest.raises(MPILaunchError, match="ran past its 5 s timeout"):

@@ -52,7 +52,7 @@ _MPICH_ABORT = re.compile(r"Abort\((\d+)\) on node \d+ \(rank (\d+) in comm")  #
 
 
 def collect_output(launcher_output: str, output_dir: Path, nranks: int, labels: bool = False) -> MPIResult:
-    """Each rank's output: from hydra's per-rank files in ``output_dir``, Open MPI's
+    """Each rank's output: from the per-rank files in ``output_dir`` (the rank guards' or hydra's), Open MPI's
     ``--tag-output`` lines, or (``labels``) srun's ``--label`` lines."""
     ranks: dict[int, list[str]] = {}
     rest = []

@@ -92,23 +92,26 @@ def mpiexec_command(nranks: int, python_args: Sequence[str], *,
     """The argv that runs ``python -m mpi4py <python_args>`` on ``nranks`` ranks (``mpi_args``:
     more arguments of mpiexec, such as a virtual cluster's hosts and launcher).
 
-    With ``output_dir``, each rank's stdout and stderr go to ``output_dir/rank<R>.out`` and
-    ``.err`` (hydra's ``-outfile-pattern``; exact text, unlike ``-prepend-rank``, which tags
-    per chunk read and can split a traceback mid-word), or are tagged with the rank
-    (Open MPI's ``--tag-output``). With ``guard_dir``, each rank runs under
-    :mod:`~workbench.runtime.launch.rankguard`, which writes there how it ended.
+    With ``guard_dir``, each rank runs under :mod:`~workbench.runtime.launch.rankguard`, which
+    writes there how it ended, and with ``output_dir`` too, the guard sends the rank's stdout and
+    stderr straight to ``output_dir/rank<R>.out`` and ``.err`` (exact text, unlike ``-prepend-rank``,
+    which tags per chunk read and can split a traceback mid-word; and nothing lost when a rank's
+    MPI_Abort ends the job before the launcher forwarded its last words). With ``output_dir`` alone,
+    hydra's ``-outfile-pattern`` writes the same files, or Open MPI's ``--tag-output`` tags the lines.
     """
     integer("nranks", nranks)
     mpiexec = find_mpiexec()
     cmd = [mpiexec, "-n", str(nranks), *mpi_args]
-    if output_dir is not None:
+    if guard_dir is not None:
+        cmd += [sys.executable, "-I", str(GUARD), str(guard_dir)]
+        if output_dir is not None:
+            cmd += ["--output", str(output_dir)]
+    elif output_dir is not None:
         if _is_hydra(mpiexec):
             cmd += ["-outfile-pattern", f"{output_dir}/rank%r.out",
                     "-errfile-pattern", f"{output_dir}/rank%r.err"]
         else:
             cmd.append("--tag-output")
-    if guard_dir is not None:
-        cmd += [sys.executable, "-I", str(GUARD), str(guard_dir)]
     return cmd + [sys.executable, "-m", "mpi4py", *python_args]
 
 

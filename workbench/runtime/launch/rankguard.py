@@ -1,4 +1,4 @@
-"""The parent of every rank: ``python rankguard.py STATUS_DIR PROGRAM ARGS...`` (run by path).
+"""The parent of every rank: ``python rankguard.py STATUS_DIR [--output DIR] PROGRAM ARGS...`` (run by path).
 
 ``mpiexec`` starts this guard in place of each rank. It forks, runs the rank's program in the
 child and waits for it, so that it knows exactly how the rank ended, which neither the MPI
@@ -6,7 +6,8 @@ launcher (its text names a PID, often not the first process that died) nor the c
 rank's parent) can tell. It writes ``STATUS_DIR/rank<R>.start`` (rank, pid, host) when the rank
 starts and ``STATUS_DIR/rank<R>.status`` (the same, plus ``exit_code`` or ``signal`` and the
 time it ended) when it ends, then ends the same way (same exit code, or killed by the same
-signal), so ``mpiexec`` sees what it would have seen without the guard.
+signal), so ``mpiexec`` sees what it would have seen without the guard. With ``--output DIR`` the
+rank's stdout and stderr go straight to ``DIR/rank<R>.out`` and ``.err``.
 
 With ``WORKBENCH_HEARTBEAT=ADDR:PORT:TOKEN`` in its environment the guard also sends a UDP
 heartbeat there every second while the rank runs (:mod:`.heartbeat`: how the launcher tells a
@@ -85,12 +86,32 @@ def _heartbeats(spec: str, rank: str, host: str, pid: int, stop: threading.Event
             stop.wait(1.0)
 
 
+def _output_to_files(output_dir: str, rank: str) -> None:
+    """The rank's stdout and stderr straight into ``output_dir/rank<R>.out`` and ``.err``: each byte
+    the rank writes is in the file when its write returns. (Hydra's ``-outfile-pattern`` writes what
+    its proxy forwarded: a rank that calls MPI_Abort has the proxy kill the job, and its last words,
+    MPICH's abort message or the traceback, could still be in the pipe, unread, and were lost.)"""
+    for fd, suffix in ((1, "out"), (2, "err")):
+        try:
+            target = os.open(os.path.join(output_dir, f"rank{rank}.{suffix}"),
+                             os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as exc:  # the output stays on the launcher's pipes
+            print(f"rank {rank}: cannot write its output to {output_dir}: {exc}", file=sys.stderr, flush=True)
+            continue
+        os.dup2(target, fd)
+        os.close(target)
+
+
 def main(argv: list[str]) -> None:
-    status_dir, program = argv[0], argv[1:]
+    status_dir, program, output_dir = argv[0], argv[1:], None
+    if program[:1] == ["--output"]:
+        output_dir, program = program[1], program[2:]
     rank, host, guard = _rank(), socket.gethostname(), os.getpid()
     pid = os.fork()
     if pid == 0:
         _die_with_parent(guard)
+        if output_dir is not None:
+            _output_to_files(output_dir, rank)
         try:
             os.execvp(program[0], program)
         except OSError as exc:
