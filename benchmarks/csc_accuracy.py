@@ -47,6 +47,7 @@ from ddp_peer import RESULTS  # benchmarks/ is sys.path[0] here
 from gradient_comm import WORKBENCH, run_workbench
 
 from workbench.bench.machine import Load, describe
+from workbench.optim.registry import LR_SCHEDULES
 
 ROWS = ["dense", "fp16", "csc-0.1", "csc-0.1-dgc", "csc-0.1-dgc-lr-x3", "csc-0.3", "csc-0.3-dgc", "csc-0.01",
         "csc-0.01-dgc", "csc-0.01-warm-3", "csc-0.01-c16", "csc-0.01-c8", "csc-0.01-c4", "csc-0.01-clip",
@@ -127,7 +128,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=10, help="steps between test evaluations")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--lr-schedule", default="constant", choices=["constant", "cosine", "step"],
+    parser.add_argument("--lr-schedule", default="constant", choices=LR_SCHEDULES,
                         help="every row's learning rate over the run (RunConfig.lr_schedule)")
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"comma-separated, of: {', '.join(ROWS)}")

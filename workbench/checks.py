@@ -7,6 +7,12 @@ pure packages use it alike. Each check returns the value, or raises ``error`` (d
 from __future__ import annotations
 
 import argparse
+import math
+
+
+def finite_number(value) -> bool:
+    """An int or float (not a bool) that is neither inf nor NaN."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def integer(name: str, value, minimum: int = 1, error: type[Exception] = ValueError) -> int:

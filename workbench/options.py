@@ -9,11 +9,10 @@ messages must stay one line naming the option and the allowed values. Pure: stan
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .checks import integer
+from .checks import finite_number, integer
 
 
 class ConfigError(ValueError):
@@ -83,8 +82,7 @@ def number_check(ok: Callable[[float], bool], allowed: str, optional: bool = Fal
     def check(name: str, value) -> None:
         if optional and value is None:
             return
-        if (not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value)
-                or not ok(value)):
+        if not finite_number(value) or not ok(value):
             raise ConfigError(f"{name} must be a number {allowed}; got {value!r}")
     return check
 
