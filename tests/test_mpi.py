@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import mmap
+import os
 import re
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from workbench.collectives import schedules
@@ -90,9 +92,26 @@ def test_a_ranks_last_words_are_kept_when_the_launcher_dies_before_forwarding_th
     """The rank writes to stderr while hydra's proxy, which forwards its output, is stopped, then the
     proxy is killed (as when MPI_Abort has the proxy end the job before it read the aborting rank's
     last words): the rank guard writes the rank's output itself, so the words are there."""
-    with pytest.raises(MPILaunchError, match="ran past its 10 s timeout") as info:
-        run_mpi(3, ["tests/mpi/failing_rank.py", "unforwarded", "1"], timeout=10)
+    with pytest.raises(MPILaunchError) as info:
+        run_mpi(3, ["tests/mpi/failing_rank.py", "unforwarded", "1"], timeout=60)
     assert "--- rank 1 ---\nlast words of rank 1" in info.value.output, info.value.output
+
+
+def test_ranks_whose_launcher_process_dies_are_ended_and_the_error_names_it():
+    """Hydra's proxy (the guards' parent, which forwards signals and reports the ranks' ends) is
+    killed while its ranks live: the guards end their ranks, and the job fails at once naming the
+    dead process and its node, instead of hanging until the deadline with every rank left running."""
+    marker = f"orphan-{os.getpid()}-{time.monotonic_ns()}"
+    start = time.monotonic()
+    with pytest.raises(MPILaunchError) as info:
+        run_mpi(3, ["tests/mpi/failing_rank.py", "unforwarded", "1", marker], timeout=120)
+    assert time.monotonic() - start < 60, info.value
+    message = str(info.value).splitlines()[0]
+    assert re.match(r"the launcher's process on node \S+ \(pid \d+: hydra's proxy, or slurmstepd\) died while its "
+                    r"ranks ran: rank 0, 1, 2 ended by their guards; MPI job on 3 ranks exited", message), message
+    assert info.value.failed_ranks == [0, 1, 2]
+    left = [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"]) if marker in (p.info["cmdline"] or [])]
+    assert not left, left
 
 
 def test_a_hanging_rank_is_killed_at_the_timeout():

@@ -311,6 +311,27 @@ def test_a_nodes_processes_killed_are_named_with_rank_and_node(vc4):
     _next_job_runs(vc4)
 
 
+def test_a_nodes_launcher_process_killed_ends_its_ranks_and_is_named(vc4):
+    """Hydra's proxy on node 2 killed while its rank lives: the rank's guard ends the rank, and the
+    job fails naming the node and the process, instead of running on to its timeout."""
+    import psutil
+
+    def kill_proxy():
+        for pid in vc4.processes(2):
+            try:
+                if "hydra_pmi_proxy" in " ".join(psutil.Process(pid).cmdline()):
+                    os.kill(pid, 9)
+            except (psutil.NoSuchProcess, ProcessLookupError):
+                pass
+
+    message, seconds = _fault_during(vc4, kill_proxy)
+    first = message.splitlines()[0]
+    assert first.startswith(f"the launcher's process on node {vc4.name}-2 (pid "), first
+    assert "died while its ranks ran: rank 2 ended by their guards" in first and seconds < 60, (first, seconds)
+    assert _nothing_runs(vc4) == []
+    _next_job_runs(vc4)
+
+
 #: torch.distributed (gloo) across the nodes, meeting where torch_init_method says
 GLOO = """
 import socket

@@ -85,7 +85,10 @@ def who_is(rank, host: str | None, pid: int | None) -> str:
 
 
 def describe_end(record: dict) -> str:
-    """``was killed by signal 9 (SIGKILL)`` or ``exited with code 3`` for a rank's end record."""
+    """``was killed by signal 9 (SIGKILL)`` or ``exited with code 3`` for a rank's end record, or
+    ``was ended by its guard: the launcher's process (pid 17) that started it died``."""
+    if record.get("launcher_died"):
+        return f"was ended by its guard: the launcher's process (pid {record['launcher_died']}) that started it died"
     if record.get("signal"):
         return f"was killed by signal {record['signal']} ({signal_name(record['signal'])})"
     if record.get("srun_said"):
@@ -94,10 +97,12 @@ def describe_end(record: dict) -> str:
 
 
 def rank_records(status_dir: Path) -> tuple[dict[int, dict], list[dict]]:
-    """The guards' records: each rank's start (pid, host) and how each rank ended, first first."""
-    starts, ends = {}, []
+    """The guards' records: each rank's start (pid, host) and how each rank ended, first first; a
+    rank whose guard noted its launcher's death (``.orphaned``) but recorded no end has that note
+    among the ends (``launcher_died``, no exit code or signal)."""
+    starts, ends, orphaned = {}, [], {}
     for path in status_dir.glob("rank*.*"):
-        if path.suffix not in (".start", ".status"):
+        if path.suffix not in (".start", ".status", ".orphaned"):
             continue
         try:
             record = json.loads(path.read_text())
@@ -105,8 +110,12 @@ def rank_records(status_dir: Path) -> tuple[dict[int, dict], list[dict]]:
             continue
         if path.suffix == ".start":
             starts[record["rank"]] = record
+        elif path.suffix == ".orphaned":
+            orphaned[record["rank"]] = record
         else:
             ends.append(record)
+    ended = {e.get("rank") for e in ends}
+    ends += [note for rank, note in orphaned.items() if rank not in ended]
     return starts, sorted(ends, key=lambda r: r.get("time", 0))
 
 
@@ -119,7 +128,7 @@ _HYDRA_SIGNAL = re.compile(r"KILLED BY SIGNAL: (\d+)|\(signal (\d+)\)")
 def _first_death(result: MPIResult, starts: dict[int, dict], ends: list[dict]) -> dict | None:
     """The record of the rank that ended badly first: from the guards, else (ranks on hosts that
     could not write to this host's folder) from hydra's report when its PID is a known rank."""
-    bad = [e for e in ends if e.get("signal") or e.get("exit_code")]
+    bad = [e for e in ends if (e.get("signal") or e.get("exit_code")) and not e.get("launcher_died")]
     if bad:
         return bad[0]
     m = _SRUN_BAD.search(result.output)  # srun's report: its first line names the first task that ended badly
@@ -182,6 +191,9 @@ def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[
     if (abort_kills_all and len(aborted) == 1 and first is not None and first.get("signal") == 9
             and all(e.get("signal") == 9 for e in ends if e.get("signal") or e.get("exit_code"))):
         first = None
+    orphaned = [e for e in ends if e.get("launcher_died")]
+    if orphaned and not traced and (first is None or orphaned[0].get("time", 0) <= first.get("time", 0)):
+        return _orphaned(head, result, orphaned, nranks)  # nothing ended before the launcher's process died
     if first is None and vanished and not traced:  # ranks gone with their guards: their node's processes were killed
         return _vanished(head, result, starts, vanished)
     if first is None or not isinstance(first.get("rank"), int):
@@ -215,6 +227,20 @@ def _vanished(head: str, result: MPIResult, starts: dict[int, dict], vanished: d
         f"from outside together with it: its node's processes were killed?)"
         + (f"; rank {', '.join(map(str, others))} on the same node went too" if others else "")
         + f"; {head} (the other ranks were stopped after it)\n{tail(result.output, 20)}", [first, *others], result.output)
+
+
+def _orphaned(head: str, result: MPIResult, orphaned: list[dict], nranks: int) -> MPILaunchError:
+    """The error for ranks whose guards ended them because the process that launched them died
+    (:mod:`.rankguard`'s ``launcher_died``), naming that process and the node, the first first."""
+    first = orphaned[0]
+    host, pid = first.get("host"), first["launcher_died"]
+    ranks = sorted(e["rank"] for e in orphaned if e.get("host") == host and e["launcher_died"] == pid)
+    where = f" on node {host}" if host else ""
+    others = "" if len(ranks) == nranks else " (the other ranks were stopped after them)"
+    return MPILaunchError(
+        f"the launcher's process{where} (pid {pid}: hydra's proxy, or slurmstepd) died while its ranks ran: "
+        f"rank {', '.join(map(str, ranks))} ended by their guards; {head}{others}\n{tail(result.output, 20)}",
+        ranks, result.output)
 
 
 def tail(text: str, lines: int = 60) -> str:

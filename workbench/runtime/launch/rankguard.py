@@ -14,7 +14,12 @@ heartbeat there every second while the rank runs (:mod:`.heartbeat`: how the lau
 node that stopped answering from one that is busy).
 
 Signals the guard receives (``mpiexec`` forwarding one, the launcher cleaning up) are passed to
-the rank; if the guard itself is killed, the rank is killed too (``PR_SET_PDEATHSIG``, Linux).
+the rank; if the guard itself is killed, the rank is killed too (``PR_SET_PDEATHSIG``, Linux). If
+the guard's own parent dies while the rank runs (hydra's proxy, or slurmstepd: the process that
+forwards the rank's signals and tells ``mpiexec`` it ended), the guard writes
+``STATUS_DIR/rank<R>.orphaned`` at once, ends the rank (SIGTERM, then SIGKILL after
+:data:`ORPHAN_GRACE` s) and records ``launcher_died`` (that parent's pid) with how it ended: the
+ranks hold the proxy's connections, so without this ``mpiexec`` could wait on them until a deadline.
 Standard library only (and :mod:`workbench.files`, loaded by path), run by path, so it starts in a few
 milliseconds.
 """
@@ -27,6 +32,10 @@ import threading
 import time
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+ORPHAN_GRACE = 5.0  #: seconds between the SIGTERM and the SIGKILL for a rank whose launcher died
+#: what the kernel sends the guard when its parent dies (``PR_SET_PDEATHSIG``): a real-time signal,
+#: which no launcher forwards
+ORPHAN_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else None
 
 
 def _rank() -> str:
@@ -86,6 +95,40 @@ def _heartbeats(spec: str, rank: str, host: str, pid: int, stop: threading.Event
             stop.wait(1.0)
 
 
+def _end_rank(pid: int, stop: threading.Event) -> None:
+    """SIGTERM the rank ``pid``, then SIGKILL :data:`ORPHAN_GRACE` s later unless ``stop`` (it ended) is set."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.kill(pid, sig)
+        except OSError:  # it has just ended
+            return
+        if stop.wait(ORPHAN_GRACE):
+            return
+
+
+def _on_launcher_death(launcher: int, pid: int, path: str, base: dict, stop: threading.Event, orphaned: dict) -> None:
+    """Have the kernel send :data:`ORPHAN_SIGNAL` when this guard's parent ``launcher`` dies, and
+    answer it: note ``launcher_died`` in ``orphaned`` and in a record at ``path`` at once (hydra may
+    kill what is left of the job moments later), then end the rank ``pid``. Linux only."""
+    if ORPHAN_SIGNAL is None:
+        return
+
+    def orphan(signum=None, frame=None):
+        if orphaned or os.getppid() == launcher:  # already done; or a thread of the parent ended, not the parent
+            return
+        orphaned["launcher_died"] = launcher
+        _write(path, {**base, **orphaned, "time": time.time()})
+        threading.Thread(target=_end_rank, args=(pid, stop), daemon=True).start()
+
+    signal.signal(ORPHAN_SIGNAL, orphan)
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, ORPHAN_SIGNAL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    orphan()  # the parent died before prctl
+
+
 def _output_to_files(output_dir: str, rank: str) -> None:
     """The rank's stdout and stderr straight into ``output_dir/rank<R>.out`` and ``.err``: each byte
     the rank writes is in the file when its write returns. (Hydra's ``-outfile-pattern`` writes what
@@ -106,7 +149,7 @@ def main(argv: list[str]) -> None:
     status_dir, program, output_dir = argv[0], argv[1:], None
     if program[:1] == ["--output"]:
         output_dir, program = program[1], program[2:]
-    rank, host, guard = _rank(), socket.gethostname(), os.getpid()
+    rank, host, guard, launcher = _rank(), socket.gethostname(), os.getpid(), os.getppid()
     pid = os.fork()
     if pid == 0:
         _die_with_parent(guard)
@@ -133,6 +176,8 @@ def main(argv: list[str]) -> None:
     if os.environ.get("WORKBENCH_HEARTBEAT"):
         threading.Thread(target=_heartbeats, args=(os.environ["WORKBENCH_HEARTBEAT"], rank, host, pid, stop),
                          daemon=True).start()
+    orphaned: dict = {}
+    _on_launcher_death(launcher, pid, os.path.join(status_dir, f"rank{rank}.orphaned"), base, stop, orphaned)
     while True:
         try:
             _, status = os.waitpid(pid, 0)
@@ -140,11 +185,17 @@ def main(argv: list[str]) -> None:
         except ChildProcessError:
             status = 0
             break
-    ended = time.time()
     stop.set()
+    _end_as(status, {**base, **orphaned}, os.path.join(status_dir, f"rank{rank}.status"), guard)
+
+
+def _end_as(status: int, record: dict, path: str, guard: int) -> None:
+    """Record at ``path`` how the rank ended (``status`` from ``waitpid``), then end this guard the
+    same way: killed by the same signal, or exiting with the same code."""
+    ended = time.time()
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        _write(os.path.join(status_dir, f"rank{rank}.status"), {**base, "signal": sig, "time": ended})
+        _write(path, {**record, "signal": sig, "time": ended})
         for s in FORWARDED:
             signal.signal(s, signal.SIG_DFL)
         try:
@@ -152,12 +203,15 @@ def main(argv: list[str]) -> None:
             resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # the rank dumped core, if anything
         except (ImportError, ValueError, OSError):
             pass
-        sys.stdout.flush()
+        try:
+            sys.stdout.flush()
+        except OSError:  # a pipe to a launcher that died
+            pass
         os.kill(guard, sig)
         time.sleep(1)  # a signal whose default action is not to terminate
         os._exit(128 + sig)
     code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1
-    _write(os.path.join(status_dir, f"rank{rank}.status"), {**base, "exit_code": code, "time": ended})
+    _write(path, {**record, "exit_code": code, "time": ended})
     os._exit(code)
 
 
