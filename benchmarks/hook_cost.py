@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import sys
 import time
@@ -38,7 +37,7 @@ import torch  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 from tabulate import tabulate  # noqa: E402
 
-from workbench.bench.machine import Load, describe  # noqa: E402
+from workbench.bench.machine import Load, describe, wall_and_faults  # noqa: E402
 from workbench.comm.options import Communication  # noqa: E402
 from workbench.comm.strategies import GradientReducer  # noqa: E402
 from workbench.models import FlatParams, build  # noqa: E402
@@ -101,16 +100,7 @@ def update_cost(flat: FlatParams, reducer: GradientReducer, momentum: float, ste
     out = {}
     for name, step in (("functional", functional),
                        ("in_place", lambda: gradient_step_(x, velocity, reducer, 4, 1e-3, momentum, scratch))):
-        wall, faults = [], []
-        for i in range(steps + 1):
-            f, w = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
-            step()
-            w, f = time.perf_counter() - w, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f
-            if i:
-                wall.append(w)
-                faults.append(f)
-        out[f"update_{name}_ms"] = statistics.median(wall) * 1e3
-        out[f"update_{name}_faults"] = statistics.median(faults)
+        out[f"update_{name}_ms"], out[f"update_{name}_faults"] = wall_and_faults(step, steps)
     return out
 
 

@@ -86,3 +86,49 @@ def test_the_constant_schedule_is_the_lr_itself_and_an_unknown_one_is_refused():
     assert rules.scheduled_lr(0.3, "constant", 7, 10) is 0.3  # the same float: runs stay bit for bit
     with pytest.raises(ValueError, match="lr_schedule must be one of constant, cosine, step, got 'linear'"):
         rules.scheduled_lr(0.1, "linear", 1, 10)
+
+
+def _random(n: int, seed: int) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, generator=gen) for _ in range(4)]
+
+
+#: (functional call, in-place call, which of (x, v, c) the in-place form updates): each twin on
+#: fresh copies must give the functional form's bits exactly
+TWINS = {
+    "sgd": (lambda x, v, g, c: (rules.sgd(x, g, 0.03),),
+            lambda x, v, g, c, s1, s2: rules.sgd_(x, g, 0.03, s1), "x"),
+    "momentum_sgd": (lambda x, v, g, c: rules.momentum_sgd(x, v, g, 0.03, 0.9),
+                     lambda x, v, g, c, s1, s2: rules.momentum_sgd_(x, v, g, 0.03, 0.9, s1), "xv"),
+    "elastic_worker": (lambda x, v, g, c: (rules.elastic_worker(x, g, c, 0.03, 0.7),),
+                       lambda x, v, g, c, s1, s2: rules.elastic_worker_(x, g, c, 0.03, 0.7, s1, s2), "x"),
+    "momentum_elastic_worker": (
+        lambda x, v, g, c: rules.momentum_elastic_worker(x, v, g, c, 0.03, 0.7, 0.9),
+        lambda x, v, g, c, s1, s2: rules.momentum_elastic_worker_(x, v, g, c, 0.03, 0.7, 0.9, s1, s2), "xv"),
+    "elastic_center": (lambda x, v, g, c: (rules.elastic_center(c, x, 0.03, 0.7),),
+                       lambda x, v, g, c, s1, s2: rules.elastic_center_(c, x, 0.03, 0.7, s1), "c"),
+    "elastic_center_sync": (lambda x, v, g, c: (rules.elastic_center_sync(c, x, 0.03, 0.7, 3),),
+                            lambda x, v, g, c, s1, s2: rules.elastic_center_sync_(c, x, 0.03, 0.7, 3, s1), "c"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TWINS) + ["adamw"])
+@pytest.mark.parametrize("n", [1, 37, 4099])  # the vectorised loops' tails and bodies
+def test_each_in_place_twin_gives_the_functional_forms_bits(name, n):
+    x, v, g, c = _random(n, seed=n)
+    s1, s2 = torch.full_like(x, float("nan")), torch.full_like(x, float("nan"))  # scratch contents must not matter
+    if name == "adamw":
+        m = torch.rand(n) * 0.1
+        v = v.abs()
+        want = rules.adamw(x, m, v, g, 3, 0.01, 0.1)
+        got = [x.clone(), m.clone(), v.clone()]
+        rules.adamw_(*got, g.clone(), 3, 0.01, 0.1, s1, s2)
+    else:
+        functional, in_place, updated = TWINS[name]
+        want = functional(x, v, g, c)
+        mine = {"x": x.clone(), "v": v.clone(), "c": c.clone()}
+        in_place(mine["x"], mine["v"], g.clone(), mine["c"], s1, s2)
+        got = [mine[k] for k in updated]
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b), (name, n, (a - b).abs().max())

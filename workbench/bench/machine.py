@@ -32,3 +32,20 @@ class Load:
     def done(self) -> dict:
         """``{"before": [1, 5, 15 min], "after": [1, 5, 15 min]}``: the load averages around the run."""
         return {"before": self.before, "after": list(os.getloadavg())}
+
+
+def wall_and_faults(call, steps: int) -> tuple[float, float]:
+    """Median wall milliseconds and minor page faults of this process per ``call()``, over
+    ``steps`` calls after one untimed (a model-sized temporary's cost is mostly its page faults)."""
+    import resource
+    import statistics
+    import time
+    wall, faults = [], []
+    for i in range(steps + 1):
+        f, w = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+        call()
+        w, f = time.perf_counter() - w, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f
+        if i:
+            wall.append(w)
+            faults.append(f)
+    return statistics.median(wall) * 1e3, statistics.median(faults)

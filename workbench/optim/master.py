@@ -74,6 +74,8 @@ class ElasticWorker:
         self.center = torch.empty_like(ctx.flat.data)
         self.velocity = torch.zeros_like(ctx.flat.data)
         self.momentum = ctx.cfg.spec.momentum
+        # the updates' model-sized temporaries, kept (the in-place rules: no fresh tensors a step)
+        self.s1, self.s2 = torch.empty_like(ctx.flat.data), torch.empty_like(ctx.flat.data)
 
     def run(self, resume_dir=None) -> torch.Tensor:
         ctx, cfg = self.ctx, self.ctx.cfg
@@ -99,19 +101,17 @@ class ElasticWorker:
                     ctx.gradient(step)
                 with ctx.span("update", "compute"):
                     if self.momentum:
-                        new_x, self.velocity = rules.momentum_elastic_worker(
-                            x, self.velocity, g, self.center, ctx.lr(step), cfg.hyper.rho, cfg.hyper.momentum)
+                        rules.momentum_elastic_worker_(x, self.velocity, g, self.center, ctx.lr(step), cfg.hyper.rho,
+                                                       cfg.hyper.momentum, self.s1, self.s2)
                     else:
-                        new_x = rules.elastic_worker(x, g, self.center, ctx.lr(step), cfg.hyper.rho)
-                    x.copy_(new_x)
+                        rules.elastic_worker_(x, g, self.center, ctx.lr(step), cfg.hyper.rho, self.s1, self.s2)
             else:
                 ctx.gradient(step)
                 with ctx.span("update", "compute"):
                     if self.momentum:
-                        new_x, self.velocity = rules.momentum_sgd(x, self.velocity, g, ctx.lr(step), cfg.hyper.momentum)
+                        rules.momentum_sgd_(x, self.velocity, g, ctx.lr(step), cfg.hyper.momentum, self.s1)
                     else:
-                        new_x = rules.sgd(x, g, ctx.lr(step))
-                    x.copy_(new_x)
+                        rules.sgd_(x, g, ctx.lr(step), self.s1)
         ctx.comm.Send(b"", dest=0, tag=TAG_DONE)
         return x
 
@@ -133,7 +133,7 @@ class GradientWorker:
     def run(self, resume_dir=None) -> torch.Tensor:
         ctx, cfg = self.ctx, self.ctx.cfg
         x, g = ctx.flat.data, ctx.flat.grad
-        pushed = torch.zeros_like(x)
+        pushed, scratch = torch.zeros_like(x), torch.empty_like(x)
         start = _resume_worker(ctx, resume_dir, x=x, pushed=pushed)
         for step in range(start, ctx.steps):
             if ctx.stop_requested():  # the gradient accumulated since the last push is dropped
@@ -149,7 +149,7 @@ class GradientWorker:
                 pushed.zero_()
             else:
                 with ctx.span("update", "compute"):
-                    x.copy_(rules.sgd(x, g, ctx.lr(step)))  # local progress between pushes
+                    rules.sgd_(x, g, ctx.lr(step), scratch)  # local progress between pushes
         ctx.comm.Send(b"", dest=0, tag=TAG_DONE)
         return x
 
@@ -202,18 +202,17 @@ class Master:
         return sum(-(-s // cfg.tau) for s in steps)  # exchanges per worker: ceil(steps / tau)
 
     def apply(self, payload: torch.Tensor, reply: torch.Tensor, lr: float) -> None:
-        """Apply one arrival to ``state`` in place at learning rate ``lr``, and fill ``reply`` for the worker."""
+        """Apply one arrival to ``state`` in place at learning rate ``lr``, and fill ``reply`` for the
+        worker. ``payload`` (this serving thread's receive buffer) is the update's scratch after."""
         cfg = self.ctx.cfg
         if self.elastic:  # the worker gets the center as it was before its own contribution
             reply.copy_(self.state)
-            self.state.copy_(rules.elastic_center(self.state, payload, lr, cfg.hyper.rho))
+            rules.elastic_center_(self.state, payload, lr, cfg.hyper.rho, payload)
         else:
             if cfg.hyper.momentum:
-                new, velocity = rules.momentum_sgd(self.state, self.velocity, payload, lr, cfg.hyper.momentum)
-                self.velocity.copy_(velocity)
+                rules.momentum_sgd_(self.state, self.velocity, payload, lr, cfg.hyper.momentum, payload)
             else:
-                new = rules.sgd(self.state, payload, lr)
-            self.state.copy_(new)
+                rules.sgd_(self.state, payload, lr, payload)
             reply.copy_(self.state)
 
     def _checkpoint(self, n: int) -> None:

@@ -41,8 +41,8 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 class InnerOptimizer:
     """The workers' optimizer between exchanges, on the flat weights in place: momentum SGD
-    (:func:`~workbench.optim.rules.momentum_sgd`, weight decay added to the gradient) or AdamW
-    (:func:`~workbench.optim.rules.adamw`, decoupled weight decay)."""
+    (:func:`~workbench.optim.rules.momentum_sgd_`, weight decay added to the gradient) or AdamW
+    (:func:`~workbench.optim.rules.adamw_`, decoupled weight decay)."""
 
     def __init__(self, cfg, like: torch.Tensor) -> None:
         hyper = cfg.hyper
@@ -50,18 +50,21 @@ class InnerOptimizer:
         self.v = torch.zeros_like(like)
         self.m = torch.zeros_like(like) if self.kind == "adamw" else None
         self.t = 0
-        self.scratch: torch.Tensor | None = None  # momentum SGD's lr * g, made at the first step
+        self.scratch: torch.Tensor | None = None  # momentum SGD's lr * g (AdamW's first temporary), made at the first step
+        self.scratch2: torch.Tensor | None = None  # AdamW's second
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
-        """One step at learning rate ``lr`` (the run's schedule: :meth:`Context.lr`). Momentum SGD
-        runs in place (:func:`~workbench.optim.rules.momentum_sgd_`, one scratch tensor kept)."""
+        """One step at learning rate ``lr`` (the run's schedule: :meth:`Context.lr`), in place
+        (:func:`~workbench.optim.rules.momentum_sgd_`, one scratch tensor kept;
+        :func:`~workbench.optim.rules.adamw_`, two)."""
         self.t += 1
-        if self.kind == "adamw":
-            new, self.m, self.v = rules.adamw(x, self.m, self.v, grad, self.t, lr, self.weight_decay)
-            x.copy_(new)
-            return
         if self.scratch is None:
             self.scratch = torch.empty_like(x)
+        if self.kind == "adamw":
+            if self.scratch2 is None:
+                self.scratch2 = torch.empty_like(x)
+            rules.adamw_(x, self.m, self.v, grad, self.t, lr, self.weight_decay, self.scratch, self.scratch2)
+            return
         if self.weight_decay:
             grad = torch.mul(x, self.weight_decay, out=self.scratch).add_(grad)  # grad + wd * x
         rules.momentum_sgd_(x, self.v, grad, lr, self.momentum, self.scratch)

@@ -75,6 +75,50 @@ def momentum_sgd_(x: Tensor, v: Tensor, grad: Tensor, lr: float, momentum: float
     x.add_(v)                          # x' = x + v'
 
 
+# In-place twins of the formulas above, for the training loops' hot paths: each gives the same bits
+# as its functional form (every elementwise operation in the same order; tests/test_rules.py), with
+# the model-sized temporaries in scratch tensors the caller keeps (``s1``, ``s2``: tensors like ``x``).
+def sgd_(x: Tensor, grad: Tensor, lr: float, s1: Tensor) -> None:
+    """:func:`sgd` in place: ``x`` becomes ``x - lr*grad``."""
+    x.sub_(torch.mul(grad, lr, out=s1))
+
+
+def elastic_worker_(x: Tensor, grad: Tensor, center: Tensor, lr: float, rho: float, s1: Tensor, s2: Tensor) -> None:
+    """:func:`elastic_worker` in place: ``x`` becomes ``x - lr*grad - lr*rho*(x - center)``."""
+    torch.mul(grad, lr, out=s1)
+    torch.sub(x, center, out=s2).mul_(lr * rho)
+    x.sub_(s1).sub_(s2)
+
+
+def momentum_elastic_worker_(x: Tensor, v: Tensor, grad: Tensor, center: Tensor, lr: float, rho: float,
+                             momentum: float, s1: Tensor, s2: Tensor) -> None:
+    """:func:`momentum_elastic_worker` in place: ``x`` and ``v`` become ``x'`` and ``v'``."""
+    v.mul_(momentum).sub_(torch.mul(grad, lr, out=s1))
+    torch.sub(x, center, out=s2).mul_(lr * rho)
+    x.add_(v).sub_(s2)
+
+
+def elastic_center_(center: Tensor, x: Tensor, lr: float, rho: float, s1: Tensor) -> None:
+    """:func:`elastic_center` in place: ``center`` becomes ``center + lr*rho*(x - center)``."""
+    center.add_(torch.sub(x, center, out=s1).mul_(lr * rho))
+
+
+def elastic_center_sync_(center: Tensor, x_mean: Tensor, lr: float, rho: float, p: int, s1: Tensor) -> None:
+    """:func:`elastic_center_sync` in place: ``center`` becomes ``center + p*lr*rho*(x_mean - center)``."""
+    center.add_(torch.sub(x_mean, center, out=s1).mul_(p * lr * rho))
+
+
+def adamw_(x: Tensor, m: Tensor, v: Tensor, grad: Tensor, t: int, lr: float, weight_decay: float, s1: Tensor,
+           s2: Tensor, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
+    """:func:`adamw` in place: ``x``, ``m`` and ``v`` become ``x'``, ``m'`` and ``v'``."""
+    b1, b2 = betas
+    m.mul_(b1).add_(torch.mul(grad, 1 - b1, out=s1))
+    v.mul_(b2).add_(torch.mul(grad, 1 - b2, out=s1).mul_(grad))
+    denom = torch.sqrt(v, out=s1).div_((1 - b2 ** t) ** 0.5).add_(eps)
+    step = torch.mul(m, lr / (1 - b1 ** t), out=s2).div_(denom)
+    x.mul_(1 - lr * weight_decay).sub_(step)
+
+
 
 # -- EASGD's descendants (workbench.optim.periodic) ------------------------------------------------
 def outer_sgd(theta: Tensor, buf: Tensor, delta: Tensor, lr: float, momentum: float,

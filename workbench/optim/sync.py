@@ -195,18 +195,24 @@ class SyncSGD(SyncAlgorithm):
 
 
 class SyncEASGD(SyncAlgorithm):
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        # the updates' model-sized temporaries and the weights' sum, kept (the in-place rules)
+        self.s1, self.s2, self.x_sum = (torch.empty_like(ctx.flat.data) for _ in range(3))
+
     def final_weights(self) -> torch.Tensor:
         return self.center
 
     def step(self, step: int) -> None:
         ctx, cfg = self.ctx, self.ctx.cfg
         x, lr = ctx.flat.data, ctx.lr(step)
+        s1, s2, x_sum = self.s1, self.s2, self.x_sum
         if step % cfg.tau:  # a local step between elastic exchanges
             ctx.gradient(step)
             with ctx.span("update", "compute"):
-                x.copy_(rules.sgd(x, ctx.flat.grad, lr))
+                rules.sgd_(x, ctx.flat.grad, lr, s1)
             return
-        x_sum = x.clone()  # pre-step weights, summed while the gradient is computed
+        x_sum.copy_(x)  # pre-step weights, summed while the gradient is computed
         if cfg.overlap:
             comm_thread = _Background(lambda: reduce_flat(ctx, x_sum))
             ctx.gradient(step)
@@ -217,6 +223,5 @@ class SyncEASGD(SyncAlgorithm):
             ctx.gradient(step)
         with ctx.span("update", "compute"):
             p = ctx.size
-            new_x = rules.elastic_worker(x, ctx.flat.grad, self.center, lr, cfg.hyper.rho)
-            self.center = rules.elastic_center_sync(self.center, x_sum / p, lr, cfg.hyper.rho, p)
-            x.copy_(new_x)
+            rules.elastic_worker_(x, ctx.flat.grad, self.center, lr, cfg.hyper.rho, s1, s2)  # from the old center
+            rules.elastic_center_sync_(self.center, x_sum.div_(p), lr, cfg.hyper.rho, p, s1)
