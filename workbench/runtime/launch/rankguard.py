@@ -108,13 +108,19 @@ def _end_rank(pid: int, stop: threading.Event) -> None:
 
 def _on_launcher_death(launcher: int, pid: int, path: str, base: dict, stop: threading.Event, orphaned: dict) -> None:
     """Have the kernel send :data:`ORPHAN_SIGNAL` when this guard's parent ``launcher`` dies, and
-    answer it: note ``launcher_died`` in ``orphaned`` and in a record at ``path`` at once (hydra may
-    kill what is left of the job moments later), then end the rank ``pid``. Linux only."""
+    answer it, if the rank ``pid`` still runs (not reaped here: the main thread's ``waitpid`` does):
+    note ``launcher_died`` in ``orphaned`` and in a record at ``path`` at once (hydra may kill what
+    is left of the job moments later), then end the rank. Linux only."""
     if ORPHAN_SIGNAL is None:
         return
 
     def orphan(signum=None, frame=None):
         if orphaned or os.getppid() == launcher:  # already done; or a thread of the parent ended, not the parent
+            return
+        try:  # the rank ended before (killed, then the launcher ended the job): not why it ended
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return
+        except ChildProcessError:
             return
         orphaned["launcher_died"] = launcher
         _write(path, {**base, **orphaned, "time": time.time()})

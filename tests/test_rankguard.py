@@ -1,0 +1,72 @@
+"""The rank guard when its own parent (hydra's proxy, slurmstepd) dies, without MPI: a small
+parent process starts the guard, the test kills that parent."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from workbench.runtime.launch.mpiexec import GUARD
+
+#: a parent that starts the guard (argv[1:]) and waits for it, as hydra's proxy does
+PARENT = "import subprocess, sys; subprocess.Popen(sys.argv[1:]).wait()"
+
+
+def _guarded_sleep(status_dir: Path) -> tuple[subprocess.Popen, dict]:
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, sys.executable, "-I", str(GUARD), str(status_dir),
+                               "sleep", "120"], env={**os.environ, "PMI_RANK": "0"})
+    start = status_dir / "rank0.start"
+    deadline = time.monotonic() + 30
+    while not start.exists():
+        assert time.monotonic() < deadline and parent.poll() is None, "the guard did not start"
+        time.sleep(0.05)
+    time.sleep(0.3)  # past the guard's set-up (its handler for the parent's death)
+    return parent, json.loads(start.read_text())
+
+
+def _end_record(status_dir: Path) -> dict:
+    path, deadline = status_dir / "rank0.status", time.monotonic() + 30
+    while not path.exists():
+        assert time.monotonic() < deadline, "the guard recorded no end"
+        time.sleep(0.05)
+    return json.loads(path.read_text())
+
+
+def _wait_for_state(pid: int, state: str) -> None:
+    deadline = time.monotonic() + 30
+    while psutil.Process(pid).status() != state:
+        assert time.monotonic() < deadline, f"process {pid} is not {state}"
+        time.sleep(0.01)
+
+
+def test_a_guard_whose_parent_dies_ends_its_rank_and_says_why(tmp_path):
+    parent, start = _guarded_sleep(tmp_path)
+    parent.kill()
+    parent.wait()
+    end = _end_record(tmp_path)
+    assert end["launcher_died"] == parent.pid and end["signal"] == signal.SIGTERM, end
+    assert json.loads((tmp_path / "rank0.orphaned").read_text())["launcher_died"] == parent.pid
+
+
+def test_a_rank_that_ended_before_its_launcher_is_not_blamed_on_it(tmp_path):
+    """The rank is killed, then its launcher dies before the guard has seen the rank end (a guard
+    starved of CPU while hydra ends the job): how the rank ended is its own, not the launcher's."""
+    parent, start = _guarded_sleep(tmp_path)
+    os.kill(start["guard_pid"], signal.SIGSTOP)
+    try:
+        _wait_for_state(start["guard_pid"], psutil.STATUS_STOPPED)
+        os.kill(start["pid"], signal.SIGKILL)
+        _wait_for_state(start["pid"], psutil.STATUS_ZOMBIE)  # ended, not yet reaped by its stopped guard
+        parent.kill()
+        parent.wait()
+    finally:
+        os.kill(start["guard_pid"], signal.SIGCONT)
+    end = _end_record(tmp_path)
+    assert end["signal"] == signal.SIGKILL and "launcher_died" not in end, end
+    assert not (tmp_path / "rank0.orphaned").exists()
