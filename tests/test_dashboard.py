@@ -1,7 +1,9 @@
 """The dashboard: figures from a real run, replay, static HTML, live redraws at <= 2 Hz."""
 from __future__ import annotations
 
+import itertools
 import logging
+import sys
 import threading
 import time
 
@@ -228,3 +230,44 @@ def test_bytes_on_the_wire_come_from_the_byte_counter_not_from_spans():
     assert wire_bytes_per_step({"wire_bytes_per_step": 42.0}, train_rows) == 42.0
     assert wire_bytes_per_step({}, train_rows.drop(columns="wire_bytes")) is None
     assert wire_bytes_per_step(None, train_rows.iloc[0:0]) is None
+
+
+class _Flipping(_Replayer):
+    """A finished source whose history alternates between one record and all of them: every
+    redraw changes the number of loss traces, so each replaces the widget's traces."""
+
+    def __init__(self, result: RunResult) -> None:
+        super().__init__(result)
+        self._n, self.status, self._flips = len(self._records), "finished", itertools.count()
+
+    @property
+    def history(self):
+        records = self._records[:1] if next(self._flips) % 2 else self._records
+        return history_frame([{k: v for k, v in r.items() if v is not None} for r in records])
+
+
+def test_redraws_from_two_threads_at_once_do_not_corrupt_the_figures(sync_run):
+    """The notebook's ``dashboard.refresh()`` after ``run.wait()`` meets the live loop's last redraw:
+    plotly's trace replacement is not thread-safe (IndexError in its data setter, seen in the browser test)."""
+    dash = Dashboard(_Flipping(sync_run))
+    errors = []
+
+    def redraw():
+        try:
+            for _ in range(40):
+                dash.refresh()
+        except Exception as exc:  # noqa: BLE001 - collected and asserted on
+            errors.append(exc)
+
+    threads = [threading.Thread(target=redraw) for _ in range(3)]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as Python can: the race shows in a few redraws
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors
+    assert len(dash.loss.data) == len({t.name for t in dash.loss.data})  # no trace left twice

@@ -58,6 +58,9 @@ class Dashboard(RunObserver):
         self._dirty = threading.Event()
         self._finished = threading.Event()
         self._closed = threading.Event()
+        # one redraw at a time: the live loop's and a caller's (the notebook's refresh() after
+        # run.wait() meets the loop's last redraw); plotly's trace replacement is not thread-safe
+        self._drawing = threading.Lock()
         self.loss = go.FigureWidget(layout=loss_layout())
         self.shares = go.FigureWidget(layout=share_layout(self.ranks))
         # the algorithms that reduce gradients in nonblocking buckets, and Streaming DiLoCo's fragments
@@ -118,8 +121,13 @@ class Dashboard(RunObserver):
         """Redraw everything now from the source's current data.
 
         Trace dicts go straight into the widgets (validated once); the first time, or when the
-        number of traces changes (a rank's first loss), the widget's traces are replaced.
+        number of traces changes (a rank's first loss), the widget's traces are replaced. Safe to
+        call from any thread: redraws take turns.
         """
+        with self._drawing:
+            self._redraw()
+
+    def _redraw(self) -> None:
         history, trace = self.source.history, self.source.trace
         timeline, x_range = timeline_traces(trace, self.ranks, self.window_seconds)
         for widget, traces in ((self.loss, loss_traces(history, self.algorithm)),
