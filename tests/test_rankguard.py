@@ -18,31 +18,32 @@ from workbench.runtime.launch.mpiexec import GUARD
 PARENT = "import subprocess, sys; subprocess.Popen(sys.argv[1:]).wait()"
 
 
+def _until(condition, what: str, step: float = 0.05) -> None:
+    """Poll ``condition()`` until it is true, failing with ``what`` after 30 s."""
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(step)
+
+
 def _guarded_sleep(status_dir: Path) -> tuple[subprocess.Popen, dict]:
     parent = subprocess.Popen([sys.executable, "-c", PARENT, sys.executable, "-I", str(GUARD), str(status_dir),
                                "sleep", "120"], env={**os.environ, "PMI_RANK": "0"})
     start = status_dir / "rank0.start"
-    deadline = time.monotonic() + 30
-    while not start.exists():
-        assert time.monotonic() < deadline and parent.poll() is None, "the guard did not start"
-        time.sleep(0.05)
+    _until(lambda: start.exists() or parent.poll() is not None, "the guard did not start")
+    assert parent.poll() is None, "the guard did not start"
     time.sleep(0.3)  # past the guard's set-up (its handler for the parent's death)
     return parent, json.loads(start.read_text())
 
 
 def _end_record(status_dir: Path) -> dict:
-    path, deadline = status_dir / "rank0.status", time.monotonic() + 30
-    while not path.exists():
-        assert time.monotonic() < deadline, "the guard recorded no end"
-        time.sleep(0.05)
+    path = status_dir / "rank0.status"
+    _until(path.exists, "the guard recorded no end")
     return json.loads(path.read_text())
 
 
 def _wait_for_state(pid: int, state: str) -> None:
-    deadline = time.monotonic() + 30
-    while psutil.Process(pid).status() != state:
-        assert time.monotonic() < deadline, f"process {pid} is not {state}"
-        time.sleep(0.01)
+    _until(lambda: psutil.Process(pid).status() == state, f"process {pid} is not {state}", step=0.01)
 
 
 def test_a_guard_whose_parent_dies_ends_its_rank_and_says_why(tmp_path):

@@ -50,19 +50,15 @@ class InnerOptimizer:
         self.v = torch.zeros_like(like)
         self.m = torch.zeros_like(like) if self.kind == "adamw" else None
         self.t = 0
-        self.scratch: torch.Tensor | None = None  # momentum SGD's lr * g (AdamW's first temporary), made at the first step
-        self.scratch2: torch.Tensor | None = None  # AdamW's second
+        self.scratch = torch.empty_like(like)  # momentum SGD's lr * g; AdamW's first temporary
+        self.scratch2 = torch.empty_like(like) if self.kind == "adamw" else None  # AdamW's second
 
     def step(self, x: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
         """One step at learning rate ``lr`` (the run's schedule: :meth:`Context.lr`), in place
         (:func:`~workbench.optim.rules.momentum_sgd_`, one scratch tensor kept;
         :func:`~workbench.optim.rules.adamw_`, two)."""
         self.t += 1
-        if self.scratch is None:
-            self.scratch = torch.empty_like(x)
         if self.kind == "adamw":
-            if self.scratch2 is None:
-                self.scratch2 = torch.empty_like(x)
             rules.adamw_(x, self.m, self.v, grad, self.t, lr, self.weight_decay, self.scratch, self.scratch2)
             return
         if self.weight_decay:
