@@ -160,6 +160,38 @@ def test_even_mpichs_default_transport_crosses_the_links(vc4):
         assert after[(i, "eth0")] - before[(i, "eth0")] >= 4 << 20  # a 2-rank ring sends everything once
 
 
+INCAST = """
+import numpy as np
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+if comm.rank == 0:   # 1 MiB from every other rank at once
+    buffers = [np.empty(1 << 18, dtype=np.float32) for _ in range(1, comm.size)]
+    MPI.Request.Waitall([comm.Irecv(b, source=r) for r, b in enumerate(buffers, 1)])
+    assert all(b[0] == r for r, b in enumerate(buffers, 1))
+else:
+    comm.Send(np.full(1 << 18, comm.rank, dtype=np.float32), dest=0)
+"""
+
+
+def test_an_incast_overflows_a_shallow_port_and_its_drops_are_counted(tmp_path):
+    # two nodes send to a third at once through its 8 KiB port: the queue overflows (each drop a
+    # TCP retransmission; the original EASGD's master meets this); the status counts them per link
+    vc = start(VirtualCluster(vcluster_name("q"), nodes=3, topology="switch", bandwidth="100mbit", queue="8K",
+                              shared=tmp_path))
+    try:
+        assert vc.drops() == {}
+        run_mpi(3, [_program(vc, "incast.py", INCAST)], timeout=120, cwd=ROOT, **vc.run_options(3))
+        drops = vc.drops()
+        assert drops.get((None, vc.plan.host_end(0)), 0) > 0, drops   # node 0's port
+        assert (None, vc.plan.host_end(1)) not in drops   # nothing was sent to node 1
+        links = {(link["node"], link["device"]): link["drops"] for link in vc.status()["links"]}
+        assert {k: v for k, v in links.items() if v} == drops
+        shown = subprocess.run([*WORKBENCH, "vcluster", "status", vc.name], capture_output=True, text=True, timeout=60)
+        assert "drops (queue full)" in shown.stdout, shown.stdout + shown.stderr
+    finally:
+        vc.down()
+
+
 def test_a_ring_forwards_through_the_nodes_between(tmp_path):
     vc = start(VirtualCluster(vcluster_name("r"), nodes=4, topology="ring", bandwidth="1gbit", shared=tmp_path))
     try:

@@ -135,8 +135,9 @@ def status_command(args) -> int:
     print(tabulate([[n["node"], n["hostname"], n["address"], n["processes"]] for n in info["nodes"]],
                    headers=["node", "hostname", "address", "processes"]))
     print()
-    print(tabulate([["head" if link["node"] is None else link["node"], link["device"], link["rate"], link["bytes_sent"]]
-                    for link in info["links"]], headers=["node", "device", "rate", "bytes sent"]))
+    print(tabulate([["head" if link["node"] is None else link["node"], link["device"], link["rate"], link["bytes_sent"],
+                     link["drops"]] for link in info["links"]],
+                   headers=["node", "device", "rate", "bytes sent", "drops (queue full)"]))
     return 0
 
 

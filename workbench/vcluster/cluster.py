@@ -206,6 +206,12 @@ class VirtualCluster:
         """Bytes every shaped link has sent so far, in all (what crossed the virtual network)."""
         return sum(link["bytes_sent"] for link in wiring.link_counters(self.plan))
 
+    def drops(self) -> dict[tuple, int]:
+        """Packets each shaped link has dropped so far (its queue full), by ``(node, device)`` (node
+        ``None``: the host end, a switch port); links that dropped none are left out."""
+        return {(link["node"], link["device"]): link["drops"] for link in wiring.link_counters(self.plan)
+                if link["drops"]}
+
     def processes(self, node: int) -> list[int]:
         """Pids of what runs on ``node`` now."""
         return wiring.processes_on(self.plan, node)

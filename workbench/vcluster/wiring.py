@@ -272,8 +272,9 @@ def _pids_in(kind: str, inodes: set[int]) -> list[int]:
 
 
 def link_counters(plan: Plan) -> list[dict]:
-    """Every shaped link: node (None: the host end), device, rate and the bytes its shaper has sent
-    (the root HTB qdisc's counter, ``tc -s qdisc``)."""
+    """Every shaped link: node (None: the host end), device, rate, the bytes its shaper has sent and
+    the packets it dropped (its queue full: each a TCP retransmission; the root HTB qdisc's counters,
+    ``tc -s qdisc``, which count its queue's drops too)."""
     by_ns: dict = {}
     for node, device in plan.shaped_links():
         by_ns.setdefault(node, []).append(device)
@@ -281,13 +282,13 @@ def link_counters(plan: Plan) -> list[dict]:
     for node, devices in by_ns.items():
         proc = run([tool("tc"), *(["-n", plan.netns(node)] if node is not None else []), "-s", "-j", "qdisc", "show"],
                    "read the link counters", check=False)
-        sent = {}
+        sent, drops = {}, {}
         with contextlib.suppress(ValueError):
             for qdisc in json.loads(proc.stdout or "[]"):
                 if qdisc.get("kind") == "htb" and qdisc.get("root"):
-                    sent[qdisc.get("dev")] = qdisc.get("bytes", 0)
+                    sent[qdisc.get("dev")], drops[qdisc.get("dev")] = qdisc.get("bytes", 0), qdisc.get("drops", 0)
         out += [{"node": node, "device": device, "rate": format_rate(plan.bandwidth),
-                 "bytes_sent": int(sent.get(device, 0))} for device in devices]
+                 "bytes_sent": int(sent.get(device, 0)), "drops": int(drops.get(device, 0))} for device in devices]
     return out
 
 
