@@ -109,6 +109,12 @@ TWINS = {
                        lambda x, v, g, c, s1, s2: rules.elastic_center_(c, x, 0.03, 0.7, s1), "c"),
     "elastic_center_sync": (lambda x, v, g, c: (rules.elastic_center_sync(c, x, 0.03, 0.7, 3),),
                             lambda x, v, g, c, s1, s2: rules.elastic_center_sync_(c, x, 0.03, 0.7, 3, s1), "c"),
+    # DiLoCo's outer step (theta = c, its momentum = v, the outer gradient = g) and Streaming DiLoCo's mix
+    "outer_sgd_nesterov": (lambda x, v, g, c: rules.outer_sgd(c, v, g, 0.7, 0.9, True),
+                           lambda x, v, g, c, s1, s2: rules.outer_sgd_(c, v, g, 0.7, 0.9, True, s1), "cv"),
+    "outer_sgd": (lambda x, v, g, c: rules.outer_sgd(c, v, g, 0.7, 0.9, False),
+                  lambda x, v, g, c, s1, s2: rules.outer_sgd_(c, v, g, 0.7, 0.9, False, s1), "cv"),
+    "mix": (lambda x, v, g, c: (rules.mix(x, c, 0.3),), lambda x, v, g, c, s1, s2: rules.mix_(x, c, 0.3, s1), "x"),
 }
 
 

@@ -156,12 +156,14 @@ class PeriodicAlgorithm(SyncAlgorithm):
         """The outer SGD step on ``center[start:stop]`` from the mean outer gradient, then the
         local weights of that range mixed with the new outer ones (``alpha = 0``: replaced)."""
         cfg, x = self.ctx.cfg, self.ctx.flat.data
+        theta, scratch = self.center[start:stop], self.inner.scratch[start:stop]   # free between inner steps
         with self.ctx.span("outer_step", "compute"):
-            theta, buf = rules.outer_sgd(self.center[start:stop], self.outer_buf[start:stop], mean_delta,
-                                         cfg.outer_lr, cfg.outer_momentum, cfg.nesterov)
-            self.center[start:stop] = theta
-            self.outer_buf[start:stop] = buf
-            x[start:stop] = rules.mix(x[start:stop], theta, alpha) if alpha else theta
+            rules.outer_sgd_(theta, self.outer_buf[start:stop], mean_delta, cfg.outer_lr, cfg.outer_momentum,
+                             cfg.nesterov, scratch)
+            if alpha:
+                rules.mix_(x[start:stop], theta, alpha, scratch)
+            else:
+                x[start:stop].copy_(theta)
 
 
 class LocalSGD(PeriodicAlgorithm):

@@ -150,6 +150,21 @@ def mix(local: Tensor, outer: Tensor, alpha: float) -> Tensor:
     return alpha * local + (1 - alpha) * outer
 
 
+def outer_sgd_(theta: Tensor, buf: Tensor, delta: Tensor, lr: float, momentum: float, nesterov: bool,
+               s1: Tensor) -> None:
+    """:func:`outer_sgd` in place: ``theta`` and ``buf`` become ``theta'`` and ``buf'``."""
+    buf.mul_(momentum).add_(delta)
+    if nesterov:
+        theta.sub_(torch.mul(buf, momentum, out=s1).add_(delta).mul_(lr))
+    else:
+        theta.sub_(torch.mul(buf, lr, out=s1))
+
+
+def mix_(local: Tensor, outer: Tensor, alpha: float, s1: Tensor) -> None:
+    """:func:`mix` in place: ``local`` becomes ``alpha*local + (1-alpha)*outer``."""
+    local.mul_(alpha).add_(torch.mul(outer, 1 - alpha, out=s1))
+
+
 def scheduled_lr(lr: float, schedule: str, done: int, total: int) -> float:
     """The learning rate after ``done`` of ``total`` steps (or a master's arrivals): ``constant``
     is ``lr`` itself; ``cosine`` is ``lr * (1 + cos(pi * done / total)) / 2`` (``lr`` at the first
