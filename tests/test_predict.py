@@ -231,7 +231,7 @@ def test_cli_writes_the_documented_json(tmp_path, capsys):
     expected = predict(alexnet_profile(), 512, **FULL_STACK)
     assert report["rows"][2]["step_s"] == pytest.approx(expected.step_s)
     assert report["network"] == {"model": "closed form", "collective": "ring", "bandwidth_Bps": 7e9, "latency_s": 5e-6,
-                                 "burst_bytes": 0}
+                                 "burst_bytes": 0, "socket_buffer_bytes": 0}
     assert report["options"]["sparse_ratio"] == 0.01 and report["profile"]["parameters"] == 61_100_840
 
 
@@ -241,6 +241,7 @@ def test_cli_writes_the_documented_json(tmp_path, capsys):
     (["--fusion-bytes", "lots"], "argument --fusion-bytes: must be 0 (one message per tensor)"),
     (["--wire-dtype", "fp8"], "argument --wire-dtype: invalid choice: 'fp8'"),
     (["--burst", "-1"], "argument --burst: '-1' is not a size"),
+    (["--socket-buffer", "lots"], "argument --socket-buffer: 'lots' is not a size"),
 ])
 def test_cli_refuses_bad_options(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -256,6 +257,7 @@ def test_cli_refuses_bad_options(argv, message, capsys):
     (["--batch", "0"], "batch must be an integer >= 1"),
     (["--collective", "double_binary_tree"], "collective must be one of ring"),
     (["--burst", "64K", "--simulate"], "--burst is the closed form's"),
+    (["--socket-buffer", "4M", "--simulate"], "--socket-buffer is the closed form's"),
 ])
 def test_cli_refuses_bad_values_in_one_line(argv, message, capsys):
     assert main(["predict", *argv]) == 2

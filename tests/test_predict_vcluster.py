@@ -113,3 +113,32 @@ def test_the_benchmarks_virtual_cluster_mode_end_to_end(tmp_path):
     assert "predicted vs measured step time" in proc.stdout and not out.with_suffix(".partial.json").exists()
     with pytest.raises(VirtualClusterError, match="is not up"):
         VirtualCluster.attach(f"{name}n2")
+
+
+def test_the_benchmarks_easgd_family_mode_end_to_end(tmp_path):
+    """``--algorithms``: the original EASGD's master on a node of its own, Local SGD's run rounded to
+    whole periods of H, each predicted as its own algorithm; the master's spans and the links' drops
+    are recorded."""
+    name = vcluster_name("e")[:6]
+    out = tmp_path / "easgd.json"
+    proc = subprocess.run([sys.executable, "benchmarks/predict_check.py", "--vcluster", "1gbit", "--nodes", "2",
+                           "--models", "mlp", "--quick", "--algorithms", "easgd,local-sgd", "--queue", "1M",
+                           "--name", name, "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=1500, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    cluster = report["clusters"]["2"]
+    assert cluster["queue_bytes"] == 1 << 20
+    easgd, local = cluster["rows"]
+    assert (easgd["algorithm"], local["algorithm"]) == ("easgd", "local-sgd")
+    master = easgd["run"]["spans"]["master"]   # rank 0 served every exchange of both workers
+    assert master["receive"]["count"] == master["reply"]["count"] == 2 * easgd["steps"]
+    assert easgd["run"]["spans"]["workers"]["exchange"]["count"] == 2 * easgd["steps"]
+    assert easgd["run"]["link_drops"] >= 0 and easgd["socket_buffer_bytes"] > 0
+    # without socket buffers a turn at the master is the whole exchange: never shorter
+    assert easgd["predictions"]["no_socket_buffer"]["step_s"] >= easgd["predictions"]["lockstep"]["step_s"]
+    assert (local["steps"] - 3 - 1) % 10 == 0 and local["run"]["steps_per_worker"] == local["steps"]
+    assert local["predictions"]["lockstep"]["wire_bytes"] < easgd["predictions"]["lockstep"]["wire_bytes"]
+    assert {g["goal"].split(",")[0] for g in report["goals"]} == {"mlp easgd", "mlp local-sgd"}
+    with pytest.raises(VirtualClusterError, match="is not up"):
+        VirtualCluster.attach(f"{name}n2")

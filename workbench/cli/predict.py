@@ -9,14 +9,15 @@
 
 Units: ``--bandwidth`` bytes/s per link (default 7e9: 56 Gbit/s, GradientFlow's network),
 ``--latency`` seconds per all-reduce step (default 5e-6), ``--burst`` bytes a link sends at once
-after an idle spell (a shaped link's token bucket; default 0), ``--fusion-bytes`` bytes of float32
+after an idle spell (a shaped link's token bucket; default 0), ``--socket-buffer`` bytes a connection
+carries before its receiver asks for them (TCP's socket buffers; default 0), ``--fusion-bytes`` bytes of float32
 gradient (``0``: one message per tensor, ``none``: one per step; K/M/G suffixes),
 ``--gpu-flops`` FLOP/s, ``--update-s`` seconds. ``--profile`` is a CSV with the columns
 ``name,parameters,forward_s,backward_s[,tensors]`` (layers in forward order).
 
 ``--json FILE`` writes ``{"command": "predict", "model", "algorithm", "tau", "update_s", "profile":
 {layers, parameters, compute_s, batch, gpu_flops, efficiency}, "network": {model, collective,
-bandwidth_Bps, latency_s, burst_bytes}, "options": {the Communication fields}, "rows": [{algorithm, ranks,
+bandwidth_Bps, latency_s, burst_bytes, socket_buffer_bytes}, "options": {the Communication fields}, "rows": [{algorithm, ranks,
 step_s, compute_s, comm_s, exposed_comm_s, comm_share, wire_bytes, messages, buckets, speedup,
 efficiency}, ...]}``.
 """
@@ -36,15 +37,19 @@ DEFAULT_RANKS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 JSON_KEYS = ("command", "model", "algorithm", "tau", "update_s", "profile", "network", "options", "rows")
 
 
-def burst_argument(text: str) -> int:
-    """``--burst``: 0 or a size (:func:`workbench.sizes.parse_size`: ``64K``)."""
+def burst_argument(text: str, none: str = "no burst") -> int:
+    """``--burst`` (and ``--socket-buffer``): 0 or a size (:func:`workbench.sizes.parse_size`: ``64K``)."""
     from ..sizes import parse_size
     if text.strip() == "0":
         return 0
     try:
         return parse_size(text)
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"{exc} (or 0: no burst)") from None
+        raise argparse.ArgumentTypeError(f"{exc} (or 0: {none})") from None
+
+
+def socket_buffer_argument(text: str) -> int:
+    return burst_argument(text, "a send returns once delivered")
 
 
 def parse_ranks(text: str) -> list[int]:
@@ -79,6 +84,10 @@ def add_to(sub) -> None:
                    help="bytes (payload, as --bandwidth) a link sends at once after an idle spell: a shaper's token "
                         "bucket (a virtual cluster's link up to 262 Mbit/s: 64 KiB on the wire, 61.2K of TCP "
                         "payload); default 0")
+    p.add_argument("--socket-buffer", type=socket_buffer_argument, default=None, metavar="SIZE",
+                   help="bytes a connection carries before its receiver asks for them (TCP's socket buffers: the "
+                        "kernel's tcp_wmem + tcp_rmem maxima: 36M on this machine); easgd's master receives the next worker's "
+                        "weights while it sends a reply; default 0")
     p.add_argument("--calibration", metavar="FILE",
                    help="take bandwidth and latency from a fit to this bench JSON (see `workbench calibrate`)")
     p.add_argument("--calibration-topology", type=parse_topology, default=None, metavar="KIND:SHAPE",
@@ -145,9 +154,10 @@ def _network(args):
     if args.calibration_topology is not None and not args.calibration:
         raise ValueError("--calibration-topology describes --calibration's measurements; give --calibration FILE")
     if args.calibration:
-        if args.bandwidth is not None or args.latency is not None or args.simulate or args.burst is not None:
-            raise ValueError("--calibration replaces --bandwidth, --latency, --burst and --simulate; give one or "
-                             "the other")
+        if args.bandwidth is not None or args.latency is not None or args.simulate or args.burst is not None \
+                or args.socket_buffer is not None:
+            raise ValueError("--calibration replaces --bandwidth, --latency, --burst, --socket-buffer and --simulate; "
+                             "give one or the other")
         from ..netsim.calibration import calibrate_file
         cal = calibrate_file(args.calibration, args.calibration_topology)
         print(f"calibrated on {args.calibration}: {cal}")
@@ -155,14 +165,15 @@ def _network(args):
     bandwidth = costs.GRADIENTFLOW_BANDWIDTH if args.bandwidth is None else args.bandwidth
     latency = costs.DEFAULT_LATENCY if args.latency is None else args.latency
     if args.simulate:
-        if args.burst is not None:
-            raise ValueError("--burst is the closed form's (the simulator's links have no bucket); leave out "
-                             "--simulate or --burst")
+        for flag, value in (("--burst", args.burst), ("--socket-buffer", args.socket_buffer)):
+            if value is not None:
+                raise ValueError(f"{flag} is the closed form's (the simulator's links have none); leave out "
+                                 f"--simulate or {flag}")
         return costs.Simulated(bandwidth, latency, args.collective, args.topology), "simulated"
     if args.collective not in costs.CLOSED_FORMS:  # the library's error names its class; here, the flag
         raise ValueError(f"--collective must be one of {', '.join(costs.CLOSED_FORMS)} for the closed form "
                          f"(add --simulate [--topology T] for the others); got {args.collective!r}")
-    return costs.AlphaBeta(bandwidth, latency, args.collective, args.burst or 0), "closed form"
+    return costs.AlphaBeta(bandwidth, latency, args.collective, args.burst or 0, args.socket_buffer or 0), "closed form"
 
 
 def run(args) -> int:
@@ -198,7 +209,8 @@ def run(args) -> int:
                   "tau": args.tau, "update_s": args.update_s,
                   "profile": {"layers": len(layers), "parameters": params, "compute_s": compute, **described},
                   "network": {"model": kind, "collective": network.collective, "bandwidth_Bps": network.bandwidth,
-                              "latency_s": network.latency, "burst_bytes": getattr(network, "burst", 0)},
+                              "latency_s": network.latency, "burst_bytes": getattr(network, "burst", 0),
+                              "socket_buffer_bytes": getattr(network, "socket_buffer", 0)},
                   "options": opts.to_dict(), "rows": frame.to_dict("records")}
         path = Path(args.json)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from .. import schedules
+from ..sizes import format_bytes
 
 #: GradientFlow's network: 56 Gbit/s per link, in bytes/s
 GRADIENTFLOW_BANDWIDTH = 56e9 / 8
@@ -129,18 +130,23 @@ class AlphaBeta:
     default 0, a link that never goes faster than ``bandwidth``). The bucket refills at
     ``bandwidth`` while the link is idle; :meth:`allreduce` is the cost with it empty, and
     :func:`~workbench.netsim.predict.predict`'s sync-SGD step spends it (:meth:`burst_saving`): on
-    a 247 KB model at 200 Mbit/s a 64 KiB burst is a quarter of the step's bytes."""
+    a 247 KB model at 200 Mbit/s a 64 KiB burst is a quarter of the step's bytes.
+
+    ``socket_buffer``: bytes a connection carries to a receiver that has not asked for them yet (a
+    TCP connection's send and receive buffers; default 0: a transfer waits for its receiver). Only
+    the original EASGD's master feels it: the next worker's weights come in while it sends a reply
+    (:func:`workbench.netsim.exchanges.easgd`)."""
 
     bandwidth: float = GRADIENTFLOW_BANDWIDTH
     latency: float = DEFAULT_LATENCY
     collective: str = "ring"
     burst: float = 0.0
+    socket_buffer: float = 0.0
 
     def __post_init__(self) -> None:
         _check_link(self.bandwidth, self.latency)
-        if not isinstance(self.burst, (int, float)) or isinstance(self.burst, bool) or not 0 <= self.burst < math.inf:
-            raise CostError(f"burst must be a number >= 0 (bytes a link sends at once after an idle spell); "
-                            f"got {self.burst!r}")
+        _check_bytes("burst", self.burst, "bytes a link sends at once after an idle spell")
+        _check_bytes("socket_buffer", self.socket_buffer, "bytes a connection carries before its receiver asks")
         if self.collective not in CLOSED_FORMS:
             raise CostError(f"collective must be one of {', '.join(CLOSED_FORMS)} for the closed-form model "
                             f"(use Simulated for the others); got {self.collective!r}")
@@ -179,23 +185,30 @@ class AlphaBeta:
 
     def describe(self) -> str:
         burst = f", a {self.burst / 1024:.4g} KiB burst" if self.burst else ""
+        burst += f", a {format_bytes(self.socket_buffer)} socket buffer" if self.socket_buffer else ""
         return (f"{self.collective}, closed form: {self.bandwidth * 8 / 1e9:.4g} Gbit/s per link{burst}, "
                 f"{self.latency * 1e6:.4g} us per step")
 
 
-def tcp_link(rate_bits: float, latency: float, collective: str = "ring", burst_bytes: float = 0) -> AlphaBeta:
+def _check_bytes(name: str, value, meaning: str) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf:
+        raise CostError(f"{name} must be a number >= 0 ({meaning}); got {value!r}")
+
+
+def tcp_link(rate_bits: float, latency: float, collective: str = "ring", burst_bytes: float = 0,
+             socket_buffer: float = 0) -> AlphaBeta:
     """The closed-form model of ranks that each own a TCP link of ``rate_bits`` bit/s (a switch
     port of the virtual cluster: every rank its own shaped uplink and downlink) and ``latency``
     seconds per all-reduce step (one hop, e.g. a TCP ping-pong's one-way time): bandwidth
     ``rate_bits / 8 x`` :data:`TCP_PAYLOAD_SHARE` bytes/s. ``burst_bytes``: the shaper's bucket
     on the wire (:func:`workbench.vcluster.wiring.burst_bytes`), the same payload share of it
-    the model's ``burst``."""
+    the model's ``burst``. ``socket_buffer``: bytes a connection's two sockets hold (the kernel's
+    ``net.ipv4.tcp_wmem`` and ``tcp_rmem`` maxima, to which they grow), the model's ``socket_buffer``."""
     if not isinstance(rate_bits, (int, float)) or isinstance(rate_bits, bool) or not 0 < rate_bits < math.inf:
         raise CostError(f"rate_bits must be a number > 0 (bit/s on the wire); got {rate_bits!r}")
-    if not isinstance(burst_bytes, (int, float)) or isinstance(burst_bytes, bool) or not 0 <= burst_bytes < math.inf:
-        raise CostError(f"burst_bytes must be a number >= 0 (a shaper's bucket, bytes on the wire); "
-                        f"got {burst_bytes!r}")
-    return AlphaBeta(rate_bits / 8 * TCP_PAYLOAD_SHARE, latency, collective, burst_bytes * TCP_PAYLOAD_SHARE)
+    _check_bytes("burst_bytes", burst_bytes, "a shaper's bucket, bytes on the wire")
+    return AlphaBeta(rate_bits / 8 * TCP_PAYLOAD_SHARE, latency, collective, burst_bytes * TCP_PAYLOAD_SHARE,
+                     socket_buffer)
 
 
 @dataclass(frozen=True)

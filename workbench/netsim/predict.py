@@ -24,8 +24,7 @@ decision; MPI's native all-reduce, timed as recursive doubling, counted as the r
 decision + ``update_s``. CSC is predicted after its warm-up (the steady ratio). A network with a
 burst (a shaped link's token bucket, ``AlphaBeta.burst``) sends each step's first bytes at once:
 the bucket, refilled while the link was idle since the previous step's last message (capped at
-its depth), shortens the messages it covers, and refills in the gaps between them; only this
-step model spends it (the EASGD family's exchanges are costed with the bucket empty).
+its depth), shortens the messages it covers, and refills in the gaps between them.
 
 **Stragglers** (``skew_s``, default 0: dedicated devices). A lock-step message waits for every
 rank; ``skew_s`` is how much later than the profile's (average) rank the slowest rank finishes its
@@ -35,21 +34,9 @@ backward)``), so messages start from them and the step cannot end before its bac
 Ranks time-sliced on shared cores (this machine's 4 ranks on 2 cores) have such a skew;
 :func:`workbench.bench.step.profile_step` measures it (``processes=N, lockstep=True``).
 
-**The EASGD family.** ``sync-easgd``: every ``tau`` steps one all-reduce of all weights (float32,
-in fusion buckets) overlapped with that step's forward + backward (``overlap``; else before
-them). ``easgd`` (the original, round-robin master): rank 0 holds the center; each of the N-1
-workers in turn sends its weights and receives the center over one link (``2 (latency + M / B)
-+ apply_s``, M = model bytes), computing nothing meanwhile; the master serves one at a time, so
-a round of N-1 exchanges takes ``P = max((N-1) E, E + tau t)`` (``t``: a local step) and a worker
-spends ``P - tau t`` of it exchanging or waiting.
-
-**EASGD's descendants** (``tau`` is their ``sync_every``, H). ``local-sgd``: every H steps one
-all-reduce of the weights (float32, fusion buckets), blocking. ``diloco``: the same for the outer
-gradient, in ``outer_wire_dtype`` (fp16/bf16: 2 bytes an element). ``streaming-diloco``: the
-parameters in ``fragments`` runs of whole tensors (:func:`workbench.optim.fragments.partition`),
-each exchanged once per H steps and overlapped with ``sync_delay`` local steps, so only what
-outlasts them is exposed. A step is ``local + exposed / H``; the final sync and the warm-up are
-outside the steady state predicted.
+**The EASGD family and its descendants** (``sync-easgd``, ``easgd``; ``local-sgd``, ``diloco``,
+``streaming-diloco``, whose ``tau`` is their ``sync_every``, H): one exchange every ``tau`` steps,
+costed by :mod:`workbench.netsim.exchanges` (the burst too, spent on each exchange).
 
 **Outputs** (:class:`Prediction`, per rank count): ``step_s``, ``compute_s`` (forward + backward +
 update), ``comm_s`` (network busy time per step), ``exposed_comm_s`` (step - compute),
@@ -71,13 +58,14 @@ if TYPE_CHECKING:  # pandas loads where a table is made: the CLI lists PREDICTAB
 from ..comm.buckets import bucket_bounds
 from ..comm.options import Communication, resolve
 from .costs import network_model
+from .exchanges import OUTER_ITEMSIZE as _OUTER_ITEMSIZE, Message, back_to_back, bucket_level, steady
+from . import exchanges
 from .profile import LayerProfile, check_profile
 
 #: the training algorithms the predictor models
 PREDICTABLE = ("sync-sgd", "sync-easgd", "easgd", "local-sgd", "diloco", "streaming-diloco")
 #: the periodic-averaging algorithms (EASGD's descendants) and the wire itemsize of their exchange
 PERIODIC = ("local-sgd", "diloco", "streaming-diloco")
-_OUTER_ITEMSIZE = {"fp32": 4, "bf16": 2, "fp16": 2}
 #: how MPI's native all-reduce moves one float (the fp16/bf16 overflow decision): MPICH uses
 #: recursive doubling for small messages
 DECISION_COLLECTIVE = "recursive_doubling"
@@ -88,20 +76,6 @@ COLUMNS = ("algorithm", "ranks", "step_s", "compute_s", "comm_s", "exposed_comm_
 
 class PredictError(ValueError):
     """Arguments the predictor cannot take; the message names the parameter and what is allowed."""
-
-
-@dataclass(frozen=True)
-class Message:
-    """One all-reduce (or point-to-point exchange) of a step: ``what`` (gradients, norms, chunks,
-    decision, weights, exchange), its bucket, bytes in the message, bytes this rank sends, and
-    its start and end (seconds from the step's start)."""
-
-    what: str
-    bucket: int
-    nbytes: float
-    sent: float
-    start: float
-    end: float
 
 
 @dataclass
@@ -225,15 +199,18 @@ def predict(profile: Sequence[LayerProfile], ranks: int, network=None, options=N
     forward = sum(l.forward_s for l in layers)
     backward = sum(l.backward_s for l in layers)
     local = forward + backward + update_s
-    if algorithm == "easgd":
-        return _easgd(layers, ranks, net, tau, local, apply_s)
     buckets = bucket_bounds(bounds, opts.fusion_bytes)
     skew_s = skew_s if ranks > 1 else 0.0
+    if algorithm == "easgd":
+        model = sum(l.parameters for l in layers) * 4
+        return _result(algorithm, ranks, exchanges.easgd(model, ranks, net, tau, local, apply_s))
     if algorithm == "sync-easgd":
-        return _sync_easgd(buckets, ranks, net, opts, tau, forward + backward, update_s, skew_s)
+        return _result(algorithm, ranks, exchanges.sync_easgd(buckets, ranks, net, opts.overlap, tau,
+                                                              forward + backward, update_s, skew_s))
     if algorithm in PERIODIC:
-        return _periodic(algorithm, bounds, ranks, net, opts, tau, forward + backward + skew_s, update_s,
-                         fragments, sync_delay, outer_wire_dtype if algorithm != "local-sgd" else "fp32")
+        return _result(algorithm, ranks, exchanges.periodic(
+            algorithm, bounds, ranks, net, opts.fusion_bytes, tau, forward + backward + skew_s, update_s, fragments,
+            sync_delay, outer_wire_dtype if algorithm != "local-sgd" else "fp32"))
     slow = 1.0 + skew_s / (forward + backward) if forward + backward > 0 else 1.0   # the slowest rank
     ready_at, t = [0.0] * len(layers), forward
     for i in reversed(range(len(layers))):
@@ -246,25 +223,22 @@ def predict(profile: Sequence[LayerProfile], ranks: int, network=None, options=N
         seconds = net.with_collective(DECISION_COLLECTIVE).allreduce(4, ranks)
         timeline.append(Message("decision", -1, 4, round(2 * (ranks - 1) / ranks * 4), end, end + seconds))
         end += seconds
-    return _result("sync-sgd", ranks, end + update_s, local, timeline, len(buckets), ranks)
+    return _result("sync-sgd", ranks, exchanges.Exchange(end + update_s, local, timeline, len(buckets), ranks, 1))
 
 
 def _steady_messages(buckets, ranks: int, net, opts: Communication, ready_at: list[float], owner: list[int],
                      computed: float, update_s: float) -> tuple[list[Message], float]:
     """:func:`_sync_sgd_messages` in the steady state of a link with a burst (``AlphaBeta.burst``):
     its bucket refills while the link is idle, from the last message of one step to the first of
-    the next (the update, the forward, the backward before it); the fixed point of that, reached
-    in a few passes. Without a burst, one pass."""
-    burst = getattr(net, "burst", 0.0) if ranks > 1 else 0.0
-    timeline, free = _sync_sgd_messages(buckets, ranks, net, opts, ready_at, owner, computed, burst)
-    for _ in range(8 if burst else 0):
-        idle = max(computed, free) - free + update_s + (timeline[0].start if timeline else 0.0)
-        tokens = min(burst, idle * net.bandwidth)
-        timeline, settled = _sync_sgd_messages(buckets, ranks, net, opts, ready_at, owner, computed, tokens)
-        if abs(settled - free) < 1e-12:
-            break
-        free = settled
-    return timeline, free
+    the next (the update, the forward, the backward before it) (:func:`~.exchanges.steady`)."""
+    def exchange(tokens):
+        return _sync_sgd_messages(buckets, ranks, net, opts, ready_at, owner, computed, bucket_level(tokens, 0, net))
+
+    def idle(result):
+        timeline, free = result
+        return [max(computed, free) - free + update_s + (timeline[0].start if timeline else 0.0)]
+
+    return steady(exchange, idle, net, ranks)
 
 
 def _sync_sgd_messages(buckets, ranks: int, net, opts: Communication, ready_at: list[float], owner: list[int],
@@ -280,73 +254,19 @@ def _sync_sgd_messages(buckets, ranks: int, net, opts: Communication, ready_at: 
             begin = max(ready_at[owner[p]] for p in params) if opts.overlap else computed
             if timeline and burst:
                 tokens = min(burst, tokens + (max(begin, free) - free) * net.bandwidth)
-            begin = max(begin, free)
-            for what, nbytes in _bucket_messages(stop - start, opts):
-                seconds, sent = net.allreduce(nbytes, ranks), net.wire_bytes(nbytes, ranks)
-                if tokens > 0:
-                    saved, tokens = net.burst_saving(sent, tokens)
-                    seconds -= saved
-                timeline.append(Message(what, k, nbytes, sent, begin, begin + seconds))
-                begin += seconds
-            free = begin
+            messages = [(what, k, nbytes) for what, nbytes in _bucket_messages(stop - start, opts)]
+            sent, free, tokens = back_to_back(messages, ranks, net, max(begin, free), tokens)
+            timeline += sent
     return timeline, free
 
 
-def _sync_easgd(buckets, ranks: int, net, opts: Communication, tau: int, compute: float,
-                update_s: float, skew_s: float = 0.0) -> Prediction:
-    """Sync EASGD: the weights' all-reduce (fusion buckets, fp32) every ``tau`` steps, hidden
-    behind that step's forward + backward when ``overlap``."""
-    timeline, begin = [], 0.0
-    if ranks > 1:
-        for k, (start, stop, _) in enumerate(buckets):
-            nbytes = (stop - start) * 4
-            seconds = net.allreduce(nbytes, ranks)
-            timeline.append(Message("weights", k, nbytes, net.wire_bytes(nbytes, ranks), begin, begin + seconds))
-            begin += seconds
-    # the exchange step waits for the slowest rank's forward + backward; the others do not wait
-    exchange = (max(compute + skew_s, begin) if opts.overlap else begin + compute + skew_s) + update_s
-    step = (exchange + (tau - 1) * (compute + update_s)) / tau
-    return _result("sync-easgd", ranks, step, compute + update_s, timeline, len(buckets), ranks, per=tau)
-
-
-def _periodic(algorithm: str, bounds, ranks: int, net, opts: Communication, every: int, compute: float,
-              update_s: float, fragments: int, sync_delay: int, wire_dtype: str) -> Prediction:
-    """Local SGD, DiLoCo, Streaming DiLoCo (see the module's text): per ``every`` steps, each
-    fragment's buckets all-reduced once, exposed beyond ``sync_delay`` local steps."""
-    from ..optim.fragments import partition
-    item, local = _OUTER_ITEMSIZE[wire_dtype], compute + update_s
-    timeline, exposed, begin, buckets = [], 0.0, 0.0, 0
-    what = "weights" if algorithm == "local-sgd" else "outer gradient"
-    for start, _, tensors in partition(bounds, fragments) if ranks > 1 else []:
-        busy = 0.0
-        for a, b, _ in bucket_bounds([(bounds[i][0] - start, bounds[i][1] - start) for i in tensors],
-                                     opts.fusion_bytes, item):
-            nbytes = (b - a) * item
-            seconds = net.allreduce(nbytes, ranks)
-            timeline.append(Message(what, buckets, nbytes, net.wire_bytes(nbytes, ranks), begin, begin + seconds))
-            begin, busy, buckets = begin + seconds, busy + seconds, buckets + 1
-        exposed += max(0.0, busy - sync_delay * local)
-    return _result(algorithm, ranks, local + exposed / every, compute + update_s, timeline, buckets, ranks,
-                   per=every)
-
-
-def _easgd(layers: Sequence[LayerProfile], ranks: int, net, tau: int, local: float, apply_s: float) -> Prediction:
-    """The original EASGD: a worker's view of the round-robin master (see the module's text)."""
-    model = sum(l.parameters for l in layers) * 4
-    exchange = 2 * net.point_to_point(model) + apply_s
-    period = max((ranks - 1) * exchange, exchange + tau * local)
-    timeline = [Message("exchange", 0, model, model, 0.0, exchange)]
-    return _result("easgd", ranks, period / tau, local, timeline, 1, ranks - 1, per=tau)
-
-
-def _result(algorithm: str, ranks: int, step: float, compute: float, timeline: list[Message], buckets: int,
-            workers: int, per: int = 1) -> Prediction:
-    comm = sum(m.end - m.start for m in timeline) / per
-    exposed = max(step - compute, 0.0)
-    speedup = workers * compute / step if step > 0 else float(workers)
-    return Prediction(algorithm, ranks, step, compute, comm, exposed, exposed / step if step > 0 else 0.0,
-                      sum(m.sent for m in timeline) / per, len(timeline) / per, buckets, speedup,
-                      speedup / ranks, timeline)
+def _result(algorithm: str, ranks: int, e: exchanges.Exchange) -> Prediction:
+    comm = sum(m.end - m.start for m in e.timeline) / e.per
+    exposed = max(e.step - e.compute, 0.0)
+    speedup = e.workers * e.compute / e.step if e.step > 0 else float(e.workers)
+    return Prediction(algorithm, ranks, e.step, e.compute, comm, exposed, exposed / e.step if e.step > 0 else 0.0,
+                      sum(m.sent for m in e.timeline) / e.per, len(e.timeline) / e.per, e.buckets, speedup,
+                      speedup / ranks, e.timeline)
 
 
 def scaling(profile: Sequence[LayerProfile], ranks_list: Iterable[int], network=None, options=None,
