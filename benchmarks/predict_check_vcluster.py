@@ -87,7 +87,8 @@ VARIANT_LABELS = {"lockstep": "lock-step profile + skew, MPI latency under load,
                   "ping_latency": "the kernel's latency (TCP ping-pong) instead of MPI's",
                   "no_skew": "no skew term",
                   "no_burst": "the links without their shaper's burst (every byte at the rate)",
-                  "no_socket_buffer": "a transfer that waits for its receiver (easgd's master: no weights come in while it replies)"}
+                  "no_socket_buffer": "a transfer that waits for its receiver (easgd's master: no weights come in "
+                                      "while it replies)"}
 #: the algorithms ``--algorithms`` takes and their run settings (RunConfig fields; sync-sgd's come from
 #: ``--configs``; ``algorithm`` where the name is a variant's): each the default exchange of its
 #: family, H = 10 for the descendants
@@ -110,8 +111,9 @@ def parse(argv) -> argparse.Namespace:
     parser.add_argument("--vcluster", required=True, metavar="RATE", help="every link's rate (tc units: 200mbit)")
     parser.add_argument("--nodes", default="2,4", help="comma-separated node counts (one rank per node)")
     parser.add_argument("--queue", default=None, metavar="SIZE",
-                        help="bytes each link may queue (128K, 2M; default: the virtual cluster's, 5 ms at the rate, at "
-                             "least 128 KiB); deeper ports keep an incast (easgd's workers at the master) from dropping")
+                        help="bytes each link may queue (128K, 2M; default: the virtual cluster's, 5 ms at the rate, "
+                             "at least 128 KiB); deeper ports keep an incast (easgd's workers at the master) from "
+                             "dropping")
     parser.add_argument("--models", default="wide_mlp,lenet,resnet18")
     parser.add_argument("--configs", default="dense", help=f"of {', '.join(c[0] for c in CONFIGS)}")
     parser.add_argument("--algorithms", default="sync-sgd", help=f"of {', '.join(ALGORITHMS)} (sync-sgd in each "
@@ -271,21 +273,22 @@ def measure(vc, model: str, dataset: Path, batch: int, options: dict, run_dir: P
     nodes = vc.nodes if nodes is None else nodes
     if not master_based(algorithm):   # a master's workers exchange with it: no all-reduce
         settings.setdefault("collective", "ring")
-    cfg = RunConfig(algorithm=algorithm_of(algorithm), ranks=nodes + master_based(algorithm), model=model, dataset=str(dataset),
-                    epochs=1, batch_size=batch, eval_every=100_000, telemetry=True, **settings)
+    cfg = RunConfig(algorithm=algorithm_of(algorithm), ranks=nodes + master_based(algorithm), model=model,
+                    dataset=str(dataset), epochs=1, batch_size=batch, eval_every=100_000, telemetry=True, **settings)
     load = os.getloadavg()
     sent, dropped = vc.bytes_sent(), sum(vc.drops().values())
     s = train(cfg, run_dir, timeout=timeout, vcluster=vc, ppn=1)
     events = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
-    return {"step_s": steady_step_seconds(events, SKIP), "spans": span_medians(events, master_based(algorithm)),
+    return {"step_s": steady_step_seconds(events, SKIP), "spans": span_stats(events, master_based(algorithm)),
             "steps_per_worker": s["steps_per_worker"],
             "wall_seconds": s["wall_seconds"], "wire_bytes_per_step": s["wire_bytes_per_step"],
-            "link_bytes": vc.bytes_sent() - sent, "link_drops": sum(vc.drops().values()) - dropped, "trace": trace_breakdown(run_dir, skip=SKIP),
+            "link_bytes": vc.bytes_sent() - sent, "link_drops": sum(vc.drops().values()) - dropped,
+            "trace": trace_breakdown(run_dir, skip=SKIP),
             "final_test_accuracy": s["final_test_accuracy"], "load_average_before": load,
             "load_average_after": os.getloadavg()}
 
 
-def span_medians(events: list[dict], master: bool) -> dict:
+def span_stats(events: list[dict], master: bool) -> dict:
     """Per role (``master``: rank 0 of a master-based run; ``workers``: the others), each span's
     median, total and longest seconds, how many there were and how many took over 0.1 s (TCP's
     retransmission timeout is 0.2 s): where a step's (or an arrival's) time went."""
@@ -432,7 +435,8 @@ def summarise(report: dict) -> tuple[list, list]:
 def print_table(report: dict) -> None:
     from tabulate import tabulate
     ms = lambda v: "-" if v is None else f"{v * 1e3:.1f}"  # noqa: E731
-    print(f"\npredicted vs measured step time: {', '.join(report['algorithms'])} (ring), one rank per node on a switch at {report['rate']} "
+    print(f"\npredicted vs measured step time: {', '.join(report['algorithms'])} (ring), one rank per node on a "
+          f"switch at {report['rate']} "
           f"(the nodes share {report['machine']['cpus']} cores); medians over {report['repeats']} profile + run "
           f"pair(s); load average {report['load_average']['before'][0]:.1f} before, "
           f"{report['load_average']['after'][0]:.1f} after")
@@ -445,7 +449,8 @@ def print_table(report: dict) -> None:
                      f"{r['mpi_latency_s'] * 1e3:.2f}", ", ".join(f"{x:.1f}" for x in r["load_1min"]),
                      "yes" if r["within"] else "NO"] for r in report["table"]],
                    headers=["model", "nodes", "config", "batch", "measured ms", "predicted ms", "ratio",
-                            "ratio per pair", "ratio, before only", "ratio, ping latency", "ratio, no skew", "ratio, no burst", "ratio, no socket buffer", "pred compute", "pred skew",
+                            "ratio per pair", "ratio, before only", "ratio, ping latency", "ratio, no skew",
+                            "ratio, no burst", "ratio, no socket buffer", "pred compute", "pred skew",
                             "meas compute", "pred comm", "MPI latency ms", "load (1 min)", f"+-{TOLERANCE:.0%}"]))
     print("ratio = median over pairs of predicted / measured (" + "; ".join(f"{v}: {VARIANT_LABELS[v]}" for v in VARIANTS) + ")")
     print()
@@ -459,7 +464,8 @@ def main(argv=None) -> None:
     load, started = Load(), time.time()
     scratch = Path(tempfile.mkdtemp(prefix="wb-predict-vc-", dir="/var/tmp"))
     report = {"rate": args.vcluster, "topology": "switch", "ppn": 1, "algorithms": args.algorithms,
-              "algorithm_settings": {a: ALGORITHMS[a] for a in args.algorithms}, "collective": "ring", "skip_steps": SKIP,
+              "algorithm_settings": {a: ALGORITHMS[a] for a in args.algorithms}, "collective": "ring",
+              "skip_steps": SKIP,
               "profile_pause": args.pause,
               "repeats": args.repeats, "tolerance": TOLERANCE, "dataset": "fashion-mnist (first rows: see each row)",
               "plans": {m: dict(zip(("batch_size", "steps", "profile_repeats"), plan(args, m))) for m in args.models},

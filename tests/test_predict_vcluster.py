@@ -135,8 +135,10 @@ def test_the_benchmarks_easgd_family_mode_end_to_end(tmp_path):
     assert master["receive"]["count"] == master["reply"]["count"] == 2 * easgd["steps"]
     assert easgd["run"]["spans"]["workers"]["exchange"]["count"] == 2 * easgd["steps"]
     assert easgd["run"]["link_drops"] >= 0 and easgd["socket_buffer_bytes"] > 0
-    # without socket buffers a turn at the master is the whole exchange: never shorter
-    assert easgd["predictions"]["no_socket_buffer"]["step_s"] >= easgd["predictions"]["lockstep"]["step_s"]
+    # without socket buffers a turn at the master is the whole exchange: never shorter (equal, to the
+    # last bits, where the workers' compute sets the round)
+    unbuffered, buffered = (easgd["predictions"][v]["step_s"] for v in ("no_socket_buffer", "lockstep"))
+    assert unbuffered >= buffered * (1 - 1e-12)
     assert (local["steps"] - 3 - 1) % 10 == 0 and local["run"]["steps_per_worker"] == local["steps"]
     assert local["predictions"]["lockstep"]["wire_bytes"] < easgd["predictions"]["lockstep"]["wire_bytes"]
     assert {g["goal"].split(",")[0] for g in report["goals"]} == {"mlp easgd", "mlp local-sgd"}

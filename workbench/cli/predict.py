@@ -86,8 +86,8 @@ def add_to(sub) -> None:
                         "payload); default 0")
     p.add_argument("--socket-buffer", type=socket_buffer_argument, default=None, metavar="SIZE",
                    help="bytes a connection carries before its receiver asks for them (TCP's socket buffers: the "
-                        "kernel's tcp_wmem + tcp_rmem maxima: 36M on this machine); easgd's master receives the next worker's "
-                        "weights while it sends a reply; default 0")
+                        "kernel's tcp_wmem + tcp_rmem maxima: 36M on this machine); easgd's master receives the "
+                        "next worker's weights while it sends a reply; default 0")
     p.add_argument("--calibration", metavar="FILE",
                    help="take bandwidth and latency from a fit to this bench JSON (see `workbench calibrate`)")
     p.add_argument("--calibration-topology", type=parse_topology, default=None, metavar="KIND:SHAPE",
