@@ -71,3 +71,22 @@ def test_a_rank_that_ended_before_its_launcher_is_not_blamed_on_it(tmp_path):
     end = _end_record(tmp_path)
     assert end["signal"] == signal.SIGKILL and "launcher_died" not in end, end
     assert not (tmp_path / "rank0.orphaned").exists()
+
+
+def test_the_guard_runs_above_its_rank_where_it_may(tmp_path):
+    """The guard must record its rank's end before an MPI_Abort elsewhere makes hydra SIGKILL it, so
+    it runs at a higher priority (root only: elsewhere it cannot raise one, and nothing changes); the
+    rank keeps its launcher's."""
+    from workbench.runtime.launch.rankguard import GUARD_PRIORITY
+    parent, start = _guarded_sleep(tmp_path)
+    try:
+        guard, rank = psutil.Process(start["guard_pid"]), psutil.Process(start["pid"])
+        assert rank.nice() == psutil.Process(parent.pid).nice()
+        if os.geteuid() == 0:
+            assert guard.nice() == max(rank.nice() - GUARD_PRIORITY, -20)
+        else:
+            assert guard.nice() == rank.nice()
+    finally:
+        parent.kill()
+        parent.wait()
+        _end_record(tmp_path)   # the guard ended its rank (its launcher died)

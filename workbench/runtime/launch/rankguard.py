@@ -20,6 +20,8 @@ forwards the rank's signals and tells ``mpiexec`` it ended), the guard writes
 ``STATUS_DIR/rank<R>.orphaned`` at once, ends the rank (SIGTERM, then SIGKILL after
 :data:`ORPHAN_GRACE` s) and records ``launcher_died`` (that parent's pid) with how it ended: the
 ranks hold the proxy's connections, so without this ``mpiexec`` could wait on them until a deadline.
+Where it may (root), the guard runs at a higher priority than its rank, so that it records a killed
+rank before an ``MPI_Abort`` elsewhere makes hydra SIGKILL every guard (:func:`_first_to_know`).
 Standard library only (and :mod:`workbench.files`, loaded by path), run by path, so it starts in a few
 milliseconds.
 """
@@ -36,6 +38,8 @@ ORPHAN_GRACE = 5.0  #: seconds between the SIGTERM and the SIGKILL for a rank wh
 #: what the kernel sends the guard when its parent dies (``PR_SET_PDEATHSIG``): a real-time signal,
 #: which no launcher forwards
 ORPHAN_SIGNAL = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else None
+#: nice steps the guard runs above its rank (where allowed: root): see :func:`_first_to_know`
+GUARD_PRIORITY = 10
 
 
 def _rank() -> str:
@@ -75,6 +79,19 @@ def _die_with_parent(parent: int) -> None:
         return
     if os.getppid() != parent:  # the guard died before prctl: do not run unguarded
         os._exit(1)
+
+
+def _first_to_know() -> None:
+    """Run this guard :data:`GUARD_PRIORITY` nice steps above its rank (root only; elsewhere nothing
+    changes). When a rank is killed, another rank can see the broken connection, raise and call
+    MPI_Abort, and hydra then SIGKILLs every guard: a guard that wakes behind busy-polling ranks on
+    shared cores loses that race and the record of the signal with it (a clean-clone make test named
+    the aborting rank instead, once; hydra's SIGKILL of the guards on MPI_Abort is measured: no guard
+    writes a record). The guard sleeps until its rank ends, so the priority costs nothing else."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, os.getpriority(os.PRIO_PROCESS, 0) - GUARD_PRIORITY)
+    except (OSError, AttributeError):  # not root, or not POSIX
+        pass
 
 
 def _heartbeats(spec: str, rank: str, host: str, pid: int, stop: threading.Event) -> None:
@@ -166,6 +183,8 @@ def main(argv: list[str]) -> None:
         except OSError as exc:
             print(f"rank {rank}: cannot run {program[0]}: {exc}", file=sys.stderr, flush=True)
             os._exit(127)
+    _first_to_know()   # after the fork: the rank keeps the launcher's priority
+
     def forward(signum, frame):
         try:
             os.kill(pid, signum)
