@@ -60,6 +60,7 @@ machine and its load) and prints the ratio table. Root only (namespaces).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -276,13 +277,16 @@ def measure(vc, model: str, dataset: Path, batch: int, options: dict, run_dir: P
     cfg = RunConfig(algorithm=algorithm_of(algorithm), ranks=nodes + master_based(algorithm), model=model,
                     dataset=str(dataset), epochs=1, batch_size=batch, eval_every=100_000, telemetry=True, **settings)
     load = os.getloadavg()
-    sent, dropped = vc.bytes_sent(), sum(vc.drops().values())
+    before = vc.links()
     s = train(cfg, run_dir, timeout=timeout, vcluster=vc, ppn=1)
+    after = vc.links()
+    moved = {key: sum(link[key] for link in after) - sum(link[key] for link in before)
+             for key in ("bytes_sent", "drops")}
     events = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
     return {"step_s": steady_step_seconds(events, SKIP), "spans": span_stats(events, master_based(algorithm)),
             "steps_per_worker": s["steps_per_worker"],
             "wall_seconds": s["wall_seconds"], "wire_bytes_per_step": s["wire_bytes_per_step"],
-            "link_bytes": vc.bytes_sent() - sent, "link_drops": sum(vc.drops().values()) - dropped,
+            "link_bytes": moved["bytes_sent"], "link_drops": moved["drops"],
             "trace": trace_breakdown(run_dir, skip=SKIP),
             "final_test_accuracy": s["final_test_accuracy"], "load_average_before": load,
             "load_average_after": os.getloadavg()}
@@ -321,6 +325,7 @@ def inputs(args, vc, nodes: int, model: str, dataset: Path, options: dict, folde
     return latency, profile
 
 
+@functools.cache
 def socket_buffer() -> int:
     """Bytes a TCP connection's two sockets hold at most: ``net.ipv4.tcp_wmem``'s and ``tcp_rmem``'s
     maxima (a new network namespace copies the host's)."""

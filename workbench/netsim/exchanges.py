@@ -91,18 +91,17 @@ def steady(exchange: Callable, idle: Callable, net, ranks: int):
     """The steady state of a periodic exchange on a link with a burst: ``exchange(tokens)`` (one
     bucket level per transfer it costs) gives a result whose ``[1]`` settles; ``idle(result)`` the
     seconds each transfer's link was idle before it. The steady levels are ``min(burst, idle x
-    bandwidth)`` of the exchange they give: from full buckets, each pass moves the levels halfway to
-    what the last exchange's idle spells refill (damped: a bucket that empties on a short period and
-    fills on a long one would otherwise flip between the two), until the exchange settles. Without a
-    burst (or one rank), one pass with empty buckets."""
+    bandwidth)`` of the exchange they give: from full buckets (``None``), each pass moves the levels
+    halfway to what the last exchange's idle spells refill (damped: a bucket that empties on a short
+    period and fills on a long one would otherwise flip between the two), until the exchange settles.
+    Without a burst (or one rank: no transfer), the one pass from full buckets is the answer."""
     burst = getattr(net, "burst", 0.0) if ranks > 1 else 0.0
-    result = exchange(None if burst else 0.0)
-    levels = None
+    result, levels = exchange(None), None
     for _ in range(STEADY_PASSES if burst else 0):
         refill = [min(burst, max(spell, 0.0) * net.bandwidth) for spell in idle(result)]
         levels = refill if levels is None else [(a + b) / 2 for a, b in zip(levels, refill)]
         again = exchange(levels)
-        if again[1] == result[1] or abs(_total(again[1]) - _total(result[1])) < 1e-12:
+        if abs(_total(again[1]) - _total(result[1])) < 1e-12:
             return again
         result = again
     return result
@@ -113,10 +112,9 @@ def _total(value) -> float:
 
 
 def bucket_level(tokens, i: int, net) -> float:
-    """Transfer ``i``'s bucket: full on the first pass (``None``), else ``tokens[i]`` (a number: all)."""
-    if tokens is None:
-        return getattr(net, "burst", 0.0)
-    return tokens if isinstance(tokens, (int, float)) else tokens[i]
+    """Transfer ``i``'s bucket: full on the first pass (``None``: the link's ``burst``, 0 without one),
+    else ``tokens[i]``."""
+    return getattr(net, "burst", 0.0) if tokens is None else tokens[i]
 
 
 def sync_easgd(buckets, ranks: int, net, overlap: bool, tau: int, compute: float, update_s: float,

@@ -200,17 +200,21 @@ class VirtualCluster:
                 "bridge": p.bridge, "shared": p.shared, "slurm": p.slurm,
                 "nodes": [{"node": i, "hostname": p.hostname(i), "address": p.address(i), "netns": p.netns(i),
                            "processes": len(wiring.processes_on(p, i))} for i in range(p.nodes)],
-                "links": wiring.link_counters(p)}
+                "links": self.links()}
+
+    def links(self) -> list[dict]:
+        """Every shaped link's counters now: node (``None``: the host end, a switch port), device, rate,
+        ``bytes_sent`` and ``drops`` (packets dropped, its queue full); one read of them all."""
+        return wiring.link_counters(self.plan)
 
     def bytes_sent(self) -> int:
         """Bytes every shaped link has sent so far, in all (what crossed the virtual network)."""
-        return sum(link["bytes_sent"] for link in wiring.link_counters(self.plan))
+        return sum(link["bytes_sent"] for link in self.links())
 
     def drops(self) -> dict[tuple, int]:
-        """Packets each shaped link has dropped so far (its queue full), by ``(node, device)`` (node
-        ``None``: the host end, a switch port); links that dropped none are left out."""
-        return {(link["node"], link["device"]): link["drops"] for link in wiring.link_counters(self.plan)
-                if link["drops"]}
+        """Packets each shaped link has dropped so far (its queue full), by ``(node, device)``; links
+        that dropped none are left out."""
+        return {(link["node"], link["device"]): link["drops"] for link in self.links() if link["drops"]}
 
     def processes(self, node: int) -> list[int]:
         """Pids of what runs on ``node`` now."""

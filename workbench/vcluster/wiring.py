@@ -282,13 +282,13 @@ def link_counters(plan: Plan) -> list[dict]:
     for node, devices in by_ns.items():
         proc = run([tool("tc"), *(["-n", plan.netns(node)] if node is not None else []), "-s", "-j", "qdisc", "show"],
                    "read the link counters", check=False)
-        sent, drops = {}, {}
+        roots = {}   # device -> its root HTB qdisc's counters
         with contextlib.suppress(ValueError):
-            for qdisc in json.loads(proc.stdout or "[]"):
-                if qdisc.get("kind") == "htb" and qdisc.get("root"):
-                    sent[qdisc.get("dev")], drops[qdisc.get("dev")] = qdisc.get("bytes", 0), qdisc.get("drops", 0)
+            roots = {q.get("dev"): q for q in json.loads(proc.stdout or "[]")
+                     if q.get("kind") == "htb" and q.get("root")}
         out += [{"node": node, "device": device, "rate": format_rate(plan.bandwidth),
-                 "bytes_sent": int(sent.get(device, 0)), "drops": int(drops.get(device, 0))} for device in devices]
+                 "bytes_sent": int(roots.get(device, {}).get("bytes", 0)),
+                 "drops": int(roots.get(device, {}).get("drops", 0))} for device in devices]
     return out
 
 
