@@ -90,3 +90,18 @@ def test_the_guard_runs_above_its_rank_where_it_may(tmp_path):
         parent.kill()
         parent.wait()
         _end_record(tmp_path)   # the guard ended its rank (its launcher died)
+
+
+def test_a_guard_that_vanished_after_noting_its_launchers_death_is_a_killed_node():
+    """A node's processes killed together: one guard may outlive its proxy long enough to note the
+    launcher's death (``.orphaned``) but not to record its rank's end; blame names the vanished ranks,
+    not a launcher that died under live guards."""
+    from workbench.runtime.launch.blame import MPIResult, failure
+    starts = {r: {"rank": r, "pid": 100 + r, "host": "vc-3"} for r in (6, 7)}
+    ends = [{"rank": 7, "pid": 107, "host": "vc-3", "launcher_died": 90, "time": 5.0}]   # a note, no end
+    error = failure(8, MPIResult(255, "", {}), starts, ends, vanished={6: 5.1, 7: 5.2})
+    assert str(error).startswith("rank 6 on node vc-3") and "vanished with its guard" in str(error), str(error)
+    # a guard that lived to record its rank's end after its launcher died is the launcher's case
+    ended = [{**ends[0], "signal": 15}]
+    assert "the launcher's process on node vc-3" in str(failure(8, MPIResult(255, "", {}), starts, ended,
+                                                                  vanished={6: 5.1}))

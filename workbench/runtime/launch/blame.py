@@ -191,7 +191,10 @@ def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[
     if (abort_kills_all and len(aborted) == 1 and first is not None and first.get("signal") == 9
             and all(e.get("signal") == 9 for e in ends if e.get("signal") or e.get("exit_code"))):
         first = None
-    orphaned = [e for e in ends if e.get("launcher_died")]
+    # a guard that noted its launcher's death but vanished before recording its rank's end was killed
+    # with it (its node's processes were killed): not a launcher that died under live guards
+    orphaned = [e for e in ends if e.get("launcher_died")
+                and (e.get("signal") or e.get("exit_code") or e.get("rank") not in (vanished or {}))]
     if orphaned and not traced and (first is None or orphaned[0].get("time", 0) <= first.get("time", 0)):
         return _orphaned(head, result, orphaned, nranks)  # nothing ended before the launcher's process died
     if first is None and vanished and not traced:  # ranks gone with their guards: their node's processes were killed
