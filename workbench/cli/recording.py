@@ -4,9 +4,12 @@ from __future__ import annotations
 from .common import signals_ignored
 
 
-def recorded_train(store, run_id: str, cfg, run_dir, resumed_from: str | None = None, **options):
+def recorded_train(store, run_id: str, cfg, run_dir, resumed_from: str | None = None, progress: bool = False,
+                   **options):
     """``runtime.batch.train`` with the run recorded in ``store``: a ``running`` row before mpiexec
-    starts (so a crash leaves a trace), then the finished run, or the failure and its error.
+    starts (so a crash leaves a trace), the ranks' metric records as they come
+    (:mod:`workbench.runtime.live`), then the finished run, or the failure and its error (the
+    records so far kept). ``progress``: a progress bar on stderr while it runs.
     Returns the finished run's :class:`~workbench.results.RunResult`.
 
     Interrupted (SIGINT, SIGTERM, SIGHUP: ``batch.train`` has stopped the job), the run is recorded
@@ -20,11 +23,18 @@ def recorded_train(store, run_id: str, cfg, run_dir, resumed_from: str | None = 
     from ..results import RunResult
     from ..runtime.launch.batch import train
     from ..runtime.launch.signals import deferred_signals
+    from ..runtime.live import ProgressBar
     started = time.time()
+    bar = ProgressBar(f"{run_id} ({cfg.algorithm})") if progress else None
+    watch = [lambda _, records: store.append_metrics(run_id, records), *([bar] if bar else [])]
     try:
         with deferred_signals():
             store.start_run(run_id, cfg.to_dict(), run_dir=str(Path(run_dir).resolve()), resumed_from=resumed_from)
-        train(cfg, run_dir, **options)
+        try:
+            train(cfg, run_dir, watch=watch, **options)
+        finally:
+            if bar is not None:
+                bar.close()
         result = RunResult.from_run_dir(run_dir, run_id)
         with deferred_signals():
             store.finish(result)

@@ -124,6 +124,14 @@ def _launch_options(p: argparse.ArgumentParser) -> None:
                    help="ranks per node on the virtual cluster, block placement (default 1)")
     p.add_argument("--store", metavar="FILE", help="results store (default $WORKBENCH_STORE or "
                                                    "data/workbench.sqlite)")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="a progress bar on stderr while the ranks train: steps, loss, test accuracy (default: on "
+                        "when stderr is a terminal; --progress for a batch job's log, redrawn every 30 s)")
+
+
+def _progress(args) -> bool:
+    """``--progress``, or whether stderr is a terminal."""
+    return sys.stderr.isatty() if args.progress is None else args.progress
 
 
 #: ``--launcher`` words (wb.Cluster's ``engines=``) -> the program that starts the ranks
@@ -270,7 +278,8 @@ def train_command(args) -> int:
         print(f"{'resumed_from':20s} {resumed_from}", flush=True)
     try:
         result = recorded_train(store, run_id, cfg, run_dir, resumed_from=resumed_from, resume=args.resume,
-                                 timeout=args.timeout, launcher=launcher, srun_args=srun_args, **placement)
+                                progress=_progress(args), timeout=args.timeout, launcher=launcher,
+                                srun_args=srun_args, **placement)
     except (MPILaunchError, ValueError, FileNotFoundError) as exc:
         say(f"workbench train: {exc}")
         say(f"workbench train: run {run_id} recorded as failed in {store.path}")
@@ -310,8 +319,8 @@ def compare_command(args) -> int:
         make_run_dir(parent / cfg.algorithm, "--out")
         print(f"{cfg.algorithm}: run {run_id}", flush=True)
         try:
-            result = recorded_train(store, run_id, cfg, parent / cfg.algorithm, timeout=args.timeout,
-                                    launcher=launcher, srun_args=srun_args, **placement)
+            result = recorded_train(store, run_id, cfg, parent / cfg.algorithm, progress=_progress(args),
+                                    timeout=args.timeout, launcher=launcher, srun_args=srun_args, **placement)
         except MPILaunchError as exc:
             say(f"workbench compare: {cfg.algorithm} failed: {exc}")
             rows.append([cfg.algorithm, "failed", "", "", "", "", run_id])

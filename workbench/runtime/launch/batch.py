@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from contextlib import nullcontext
 from pathlib import Path
 
 from ...config import RunConfig
@@ -17,12 +18,13 @@ from . import slurm
 from .blame import NOT_ONE_JOB, MPILaunchError
 from .mpiexec import default_launcher, run_mpi
 from .signals import RunInterrupted
+from ..live import following
 from ..rundir import CANCEL_FILE, make_run_dir, new_run_id, runs_root
 
 
 def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: str | os.PathLike | None = None,
           timeout: float = 1800, stream: bool = False, grace: float = 10.0, launcher: str | None = None,
-          srun_args: list[str] | tuple[str, ...] = (), vcluster=None, ppn: int = 1) -> dict:
+          srun_args: list[str] | tuple[str, ...] = (), vcluster=None, ppn: int = 1, watch=()) -> dict:
     """Run ``cfg`` under mpiexec and return its summary (also in ``run_dir/summary.json``).
 
     ``launcher``: ``"mpiexec"`` or ``"srun"`` (a job step of the current Slurm allocation, with
@@ -31,6 +33,10 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
     nodes, ``ppn`` per node; the run directory must be one the nodes see (its shared folder, or
     anywhere outside ``/tmp`` and ``/dev/shm``). The job's own files (each rank's output, how each
     rank ended) go into ``<run_dir>/job`` on every launcher, so ranks on other nodes can write them.
+
+    ``watch``: consumers of the ranks' live metric records (:func:`workbench.runtime.live.following`:
+    each called with the follower and the new records about every second while the job runs, and
+    once after it ends); the CLI's copy into the results store and its progress bar.
 
     ``resume``: a run directory with a checkpoint; the run continues from its newest complete
     checkpoint (bit for bit for the synchronous algorithms; each rank from its own newest state
@@ -54,9 +60,10 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
         args += ["--resume", str(Path(resume).resolve())]
     launcher = launcher or default_launcher()
     try:
-        run_mpi(cfg.ranks, args, timeout=timeout, stream=stream, grace=grace, launcher=launcher,
-                srun_args=srun_args, **{"job_dir": run_dir / JOB_FOLDER, **options},
-                on_interrupt=lambda: cancel_flag.write_text("cancelled by a signal to the launcher\n"))
+        with following(run_dir, list(watch)) if watch else nullcontext():
+            run_mpi(cfg.ranks, args, timeout=timeout, stream=stream, grace=grace, launcher=launcher,
+                    srun_args=srun_args, **{"job_dir": run_dir / JOB_FOLDER, **options},
+                    on_interrupt=lambda: cancel_flag.write_text("cancelled by a signal to the launcher\n"))
     except RunInterrupted as exc:
         failed = _node_failure(exc)
         if failed is None:

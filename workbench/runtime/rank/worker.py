@@ -26,15 +26,17 @@ from ...config import RunConfig
 from ...summary import Summary, build_summary, rank_report
 from ...telemetry import chrome_trace, recording
 from ..launch.blame import NOT_ONE_JOB
+from ..live import LIVE_FOLDER, LiveWriter
 from .context import Context
 
 
 def run_rank(cfg: RunConfig, comm: MPI.Comm, run_dir: Path | None, resume: Path | None = None,
-             observers=()) -> Summary | None:
+             observers=(), live: Path | None = None) -> Summary | None:
     """Train on this rank; returns the summary on rank 0 (None elsewhere).
 
     ``observers``: :class:`~workbench.telemetry.Observer` objects that see every span
-    and metric record as it happens (the notebook's live stream).
+    and metric record as it happens (the notebook's live stream). ``live``: a folder for this
+    rank's live file of metric records (:mod:`workbench.runtime.live`; the batch launcher's).
     """
     torch.set_num_threads(1)
     start = time.perf_counter()
@@ -43,12 +45,19 @@ def run_rank(cfg: RunConfig, comm: MPI.Comm, run_dir: Path | None, resume: Path 
     implementation = cfg.spec.implementation_class(comm.Get_rank())
     ctx = Context(cfg, comm, run_dir, observers)  # ends with a barrier: ctx.t0 is the common start
     setup = ctx.t0 - start
-    algorithm = implementation(ctx)
-    recorder = recording(ctx.telemetry) if ctx.telemetry else nullcontext()
-    with recorder:
-        final = algorithm.run(**({"resume_dir": resume} if resume else {}))
-    wall = ctx.now()  # training only: imports, data loading and model set-up are `setup`
-    return _finish(ctx, final, wall, setup, run_dir)
+    writer = LiveWriter(live, ctx.rank, ctx.steps) if live is not None else None
+    if writer is not None:
+        ctx.observers.append(writer)
+    try:
+        algorithm = implementation(ctx)
+        recorder = recording(ctx.telemetry) if ctx.telemetry else nullcontext()
+        with recorder:
+            final = algorithm.run(**({"resume_dir": resume} if resume else {}))
+        wall = ctx.now()  # training only: imports, data loading and model set-up are `setup`
+        return _finish(ctx, final, wall, setup, run_dir)
+    finally:  # a rank that raises writes its records before -m mpi4py aborts the job
+        if writer is not None:
+            writer.close()
 
 
 def _finish(ctx: Context, final: torch.Tensor, wall: float, setup: float,
@@ -88,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     if size != cfg.ranks:  # e.g. srun without a PMI this MPI uses: every task is rank 0 of 1
         raise SystemExit(f"{NOT_ONE_JOB}: this rank is rank {MPI.COMM_WORLD.Get_rank()} of {size}, "
                          f"the run has {cfg.ranks} ranks")
-    summary = run_rank(cfg, MPI.COMM_WORLD, args.run_dir, args.resume)
+    summary = run_rank(cfg, MPI.COMM_WORLD, args.run_dir, args.resume, live=args.run_dir / LIVE_FOLDER)
     if summary is not None:
         print(json.dumps({k: summary[k] for k in ("algorithm", "final_test_accuracy", "wall_seconds",
                                                    "comm_fraction")}), flush=True)

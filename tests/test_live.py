@@ -1,0 +1,101 @@
+"""A batch run's metric records while it runs (workbench.runtime.live): the ranks' live files, the
+launcher's follower, ``workbench train --progress`` and the store keeping a failed run's records."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from workbench.runtime import live
+from workbench.runtime.live import LIVE_FOLDER, LiveFollower, LiveWriter, following
+from workbench.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_follower_reads_whole_lines_once_and_keeps_each_ranks_progress(tmp_path, monkeypatch):
+    monkeypatch.setattr(live, "FLUSH_SECONDS", 3600.0)   # nothing written between flushes in this test
+    folder = tmp_path / LIVE_FOLDER
+    writer = LiveWriter(folder, 1, steps=20)
+    follower = LiveFollower(tmp_path)
+    assert follower.read() == [] and follower.planned == {1: 20}   # the plan line is written at once
+    writer.on_metric({"kind": "train", "rank": 1, "step": 0, "loss": 2.0})
+    writer.on_metric({"kind": "train", "rank": 1, "step": 1, "loss": 1.5})
+    assert follower.read() == []                                   # pending until the next flush
+    writer.close()
+    assert [r["step"] for r in follower.read()] == [0, 1]
+    assert follower.read() == []                                   # each line once
+    with open(folder / "rank0.jsonl", "w") as f:                   # a rank mid-way through a line
+        f.write(json.dumps({"kind": "plan", "rank": 0, "steps": 0}) + "\n" + '{"kind": "eval", "rank": 0, "te')
+    assert follower.read() == [] and follower.planned == {0: 0, 1: 20}
+    with open(folder / "rank0.jsonl", "a") as f:
+        f.write('st_accuracy": 0.5, "test_loss": 1.0}\n')
+    assert follower.read() == [{"kind": "eval", "rank": 0, "test_accuracy": 0.5, "test_loss": 1.0}]
+    assert follower.done == {1: 2} and follower.latest[1]["loss"] == 1.5 and follower.evaluation["test_accuracy"] == 0.5
+
+
+def test_following_hands_new_records_to_consumers_and_drops_one_that_fails(tmp_path):
+    seen, failing = [], []
+
+    def broken(follower, records):
+        failing.append(len(records))
+        raise OSError("the store's disk is full")
+
+    writer = LiveWriter(tmp_path / LIVE_FOLDER, 0, steps=3)
+    with following(tmp_path, [broken, lambda f, records: seen.extend(records)], interval=0.05) as follower:
+        writer.on_metric({"kind": "train", "rank": 0, "step": 0, "loss": 1.0})   # the first record flushes at once
+        writer.on_metric({"kind": "train", "rank": 0, "step": 1, "loss": 0.9})
+        writer.close()
+    # what the rank wrote last arrives with the final read; the failed consumer was called once, then dropped
+    assert [r["step"] for r in seen] == [0, 1]
+    assert len(failing) == 1
+    assert [str(e) for e in follower.errors] == ["the store's disk is full"]
+
+
+def _train(tmp_path: Path, *options: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))
+    return subprocess.run([sys.executable, "-m", "workbench.cli", "train", "--algorithm", "sync-sgd", "--ranks", "2",
+                           "--store", str(tmp_path / "store.sqlite"), "--out", str(tmp_path / "run"), *options],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _live_records(run_dir: Path) -> list[dict]:
+    lines = [json.loads(line) for path in sorted((run_dir / LIVE_FOLDER).glob("rank*.jsonl"))
+             for line in path.read_text().splitlines()]
+    return [r for r in lines if r["kind"] != "plan"]
+
+
+@pytest.mark.mpi
+def test_train_shows_progress_and_its_live_records_are_the_runs_metrics(tmp_path):
+    done = _train(tmp_path, "--epochs", "2", "--progress")
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = tmp_path / "run"
+    plans = [json.loads(p.read_text().splitlines()[0]) for p in sorted((run / LIVE_FOLDER).glob("rank*.jsonl"))]
+    total = sum(p["steps"] for p in plans)
+    assert [p["rank"] for p in plans] == [0, 1] and total > 0
+    assert f"{total}/{total}" in done.stderr and "test_acc=" in done.stderr, done.stderr[-2000:]
+    final = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    key = lambda r: json.dumps(r, sort_keys=True)  # noqa: E731
+    assert sorted(map(key, _live_records(run))) == sorted(map(key, final))
+    # without --progress (and stderr not a terminal) no bar
+    (tmp_path / "again").mkdir()
+    quiet = _train(tmp_path / "again", "--epochs", "1")
+    assert quiet.returncode == 0 and "step/s" not in quiet.stderr, quiet.stderr[-2000:]
+
+
+@pytest.mark.mpi
+def test_a_failed_run_keeps_the_records_its_ranks_made_in_the_store(tmp_path):
+    done = _train(tmp_path, "--epochs", "20", "--fail-rank", "1", "--fail-step", "40")
+    assert done.returncode == 1 and "injected failure on rank 1 at step 40" in done.stderr, done.stderr[-3000:]
+    store = Store(tmp_path / "store.sqlite")
+    [run_id] = store.runs()["run_id"]
+    result = store.load(run_id)
+    assert result.status == "failed" and not (tmp_path / "run" / "summary.json").exists()
+    history = result.history
+    steps = history[(history["kind"] == "train") & (history["rank"] == 1)]["step"]
+    # the failing rank wrote every step it took before it raised, the last ones as it ended
+    assert sorted(steps.astype(int)) == list(range(40))
