@@ -99,3 +99,21 @@ def test_a_failed_run_keeps_the_records_its_ranks_made_in_the_store(tmp_path):
     steps = history[(history["kind"] == "train") & (history["rank"] == 1)]["step"]
     # the failing rank wrote every step it took before it raised, the last ones as it ended
     assert sorted(steps.astype(int)) == list(range(40))
+    listing = subprocess.run([sys.executable, "-m", "workbench.cli", "runs", "--store", str(tmp_path / "store.sqlite")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+    [row] = [line for line in listing.stdout.splitlines() if " failed " in line]
+    # how far it got, from those records (rank 0 may have recorded step 40 before the abort)
+    assert row.split()[0] == run_id and (" step 40 " in row or " step 41 " in row), listing.stdout
+
+
+def test_the_store_tells_how_far_a_run_got_from_its_records(tmp_path):
+    store = Store(tmp_path / "store.sqlite")
+    for run_id in ("a", "b", "empty"):
+        store.start_run(run_id, {"algorithm": "sync-sgd", "ranks": 2})
+    store.append_metrics("a", [{"kind": "train", "rank": r, "step": s, "t": s, "loss": 1.0} for s in range(5) for r in (0, 1)])
+    store.append_metrics("a", [{"kind": "eval", "rank": 0, "t": 5, "test_accuracy": 0.5, "test_loss": 1.0},
+                               {"kind": "train", "rank": 1, "step": 5, "t": 6, "loss": 0.9},
+                               {"kind": "eval", "rank": 0, "t": 7, "test_accuracy": 0.625, "test_loss": 0.9}])
+    store.append_metrics("b", [{"kind": "train", "rank": 0, "step": 0, "t": 0, "loss": 2.0}])
+    assert store.progress(["a", "b", "empty"]) == {"a": {"steps": 6, "test_accuracy": 0.625},
+                                                   "b": {"steps": 1, "test_accuracy": None}}

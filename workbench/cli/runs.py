@@ -39,11 +39,21 @@ def list_runs(args) -> int:
     def number(value, spec: str) -> str:
         return "" if pd.isna(value) else format(value, spec)
 
+    shown = every.head(args.limit)
+    # a run without a summary (running, or ended early): how far its live records got
+    live = store.progress([r.run_id for r in shown.itertuples() if pd.isna(r.final_test_accuracy)])
+
+    def so_far(run_id: str) -> str:
+        if run_id not in live:
+            return ""
+        acc = live[run_id]["test_accuracy"]
+        return f"step {live[run_id]['steps']}" + ("" if acc is None else f", acc {acc:.3f}")
+
     rows = [[r.run_id, f"{r.created:%Y-%m-%d %H:%M:%S}", r.status, r.algorithm, number(r.ranks, "d"),
              number(r.final_test_accuracy, ".3f"), number(r.final_loss, ".3f"), number(r.wall_seconds, ".2f"),
-             percent(r.comm_fraction), "" if pd.isna(r.error) else r.error.splitlines()[0][:70]]
-            for r in every.head(args.limit).itertuples()]
+             percent(r.comm_fraction), so_far(r.run_id), "" if pd.isna(r.error) else r.error.splitlines()[0][:70]]
+            for r in shown.itertuples()]
     print(tabulate(rows, headers=["run id", "created", "status", "algorithm", "ranks", "final test acc",
-                                  "final loss", "train wall s", "comm share", "error"]))
+                                  "final loss", "train wall s", "comm share", "so far", "error"]))
     print(f"\n{len(rows)} of {len(every)} runs in {store.path}, newest first")
     return 0

@@ -151,6 +151,21 @@ class Runs(Database):
                 raise unknown_run(run_id, self.path)
 
     # -- reading runs ----------------------------------------------------------------------
+    def progress(self, run_ids: list[str]) -> dict[str, dict]:
+        """How far each of ``run_ids`` got by its stored metric records (a running run's live ones):
+        ``{"steps": the most training steps one rank recorded, "test_accuracy": the newest
+        evaluation's (None without one)}``; a run without training records is left out."""
+        marks = ", ".join("?" * len(run_ids))
+        with self._read() as conn:
+            conn.execute("BEGIN")
+            steps = conn.execute(f"SELECT run_id, MAX(step) + 1 FROM metrics WHERE kind = 'train' AND run_id IN ({marks}) "
+                                 "GROUP BY run_id", run_ids).fetchall()
+            accuracy = dict(conn.execute(
+                f"SELECT run_id, json_extract(record, '$.test_accuracy') FROM metrics AS m WHERE kind = 'eval' AND "
+                f"run_id IN ({marks}) AND seq = (SELECT MAX(seq) FROM metrics WHERE run_id = m.run_id AND "
+                "kind = 'eval')", run_ids).fetchall())
+        return {run_id: {"steps": n, "test_accuracy": accuracy.get(run_id)} for run_id, n in steps}
+
     def load(self, run_id: str) -> RunResult:
         """The stored run as a :class:`RunResult`; ``KeyError`` naming the id if there is none."""
         with self._read() as conn:
