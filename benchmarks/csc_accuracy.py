@@ -22,7 +22,8 @@ difference from ``dense`` (same seed: same initial weights, shards and batches) 
 standard error; bytes: ``dense_wire_bytes / wire_bytes`` over the whole run (summary.json, the warm-up
 included) and after the warm-up. Each finished run is appended to ``<json>.runs.jsonl`` at once and
 a run already there is not run again, so an interrupted benchmark continues where it stopped
-(the JSON records the load average around each run).
+(the JSON records the load average around each run). A progress bar on stderr follows each run
+(steps, loss, test accuracy; into a file, redrawn every 30 s).
 
     python benchmarks/csc_accuracy.py [--model mlp] [--dataset digits] [--subset N] [--epochs 10]
                                       [--batch-size 16] [--lr-schedule constant] [--eval-every 10] [--seeds 0,1,2]
@@ -110,7 +111,7 @@ def run_all(args, rows: list[str], seeds: list[int], log: Path) -> list[dict]:
                 if (key, seed) in have:
                     continue
                 load = Load()
-                r = run_workbench(args, key, changes[key], seed, Path(tmp) / f"{key}-{seed}")
+                r = run_workbench(args, key, changes[key], seed, Path(tmp) / f"{key}-{seed}", progress=True)
                 r["load_average"] = load.done()
                 done.append(r)
                 with open(log, "a") as f:

@@ -204,12 +204,19 @@ def ddp_worker(run_dir: Path) -> None:
 
 
 # -- the launcher side -------------------------------------------------------------------------
-def run_workbench(args, key: str, changes: dict, seed: int, run_dir: Path) -> dict:
+def run_workbench(args, key: str, changes: dict, seed: int, run_dir: Path, progress: bool = False) -> dict:
+    """One workbench run of ``key``; ``progress``: a progress bar on stderr while it runs."""
     from workbench.config import RunConfig
     from workbench.runtime.launch.batch import train
+    from workbench.runtime.live import ProgressBar
 
     cfg = RunConfig(**base_config(args, seed), **{**DENSE, **changes})
-    s = train(cfg, run_dir, timeout=args.timeout)
+    bar = ProgressBar(f"{key} seed {seed}") if progress else None
+    try:
+        s = train(cfg, run_dir, timeout=args.timeout, watch=[bar] if bar else [])
+    finally:
+        if bar is not None:
+            bar.close()
     spe = s["steps_per_worker"] // args.epochs
     warm = cfg.warmup_epochs * spe if cfg.sparse_ratio is not None else 0
     dense_step = s["dense_wire_bytes"] / s["steps_per_worker"]
