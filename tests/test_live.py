@@ -38,7 +38,7 @@ def test_the_follower_reads_whole_lines_once_and_keeps_each_ranks_progress(tmp_p
     assert follower.done == {1: 2} and follower.latest[1]["loss"] == 1.5 and follower.evaluation["test_accuracy"] == 0.5
 
 
-def test_following_hands_new_records_to_consumers_and_drops_one_that_fails(tmp_path):
+def test_following_hands_new_records_to_consumers_and_drops_one_that_fails(tmp_path, capsys):
     seen, failing = [], []
 
     def broken(follower, records):
@@ -54,6 +54,7 @@ def test_following_hands_new_records_to_consumers_and_drops_one_that_fails(tmp_p
     assert [r["step"] for r in seen] == [0, 1]
     assert len(failing) == 1
     assert [str(e) for e in follower.errors] == ["the store's disk is full"]
+    assert "(OSError: the store's disk is full); the run goes on" in capsys.readouterr().err
 
 
 def _train(tmp_path: Path, *options: str) -> subprocess.CompletedProcess:

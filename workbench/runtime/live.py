@@ -114,7 +114,8 @@ def following(run_dir: str | Path, consumers: list[Callable[[LiveFollower, list[
               interval: float = FOLLOW_SECONDS) -> Iterator[LiveFollower]:
     """While the block runs, hand each consumer ``(follower, new records)`` every ``interval``
     seconds when there are new records, and once more at the end (what the ranks wrote last).
-    A consumer that raises is dropped and its error kept in ``follower.errors``; the run goes on."""
+    A consumer that raises is dropped, said on stderr and its error kept in ``follower.errors``;
+    the run goes on."""
     follower, stop, lock = LiveFollower(run_dir), threading.Event(), threading.Lock()
     live = list(consumers)
 
@@ -127,6 +128,8 @@ def following(run_dir: str | Path, consumers: list[Callable[[LiveFollower, list[
                 except Exception as exc:  # noqa: BLE001 - a store or terminal problem must not stop the run
                     live.remove(consumer)
                     follower.errors.append(exc)
+                    print(f"workbench: the run's live records are no longer followed by {consumer!r} "
+                          f"({type(exc).__name__}: {exc}); the run goes on", file=sys.stderr, flush=True)
 
     def loop() -> None:
         while not stop.wait(interval):
