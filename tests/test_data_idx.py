@@ -174,7 +174,7 @@ def test_a_subset_decompresses_only_its_rows_of_images(tiny):
 
 def test_the_subset_option_sizes_the_run(tmp_path):
     """RunConfig(subset=N): checked, counted in the planned steps, and honoured by the ranks."""
-    from workbench.runtime.client.run import _expected_steps
+    from workbench.runtime.client.run import expected_steps
     from workbench.runtime.launch.batch import train
     with pytest.raises(ConfigError, match=r"^subset must be an integer >= 1; got 0$"):
         RunConfig(subset=0)
@@ -182,7 +182,7 @@ def test_the_subset_option_sizes_the_run(tmp_path):
         RunConfig(algorithm="sync-sgd", dataset="digits", subset=100, batch_size=32)
     cfg = RunConfig(algorithm="sync-sgd", ranks=2, dataset="digits", subset=200, epochs=1, batch_size=10,
                     eval_every=1000, telemetry=False)
-    assert _expected_steps(cfg) == 20  # 100 rows per rank, 10 steps each
+    assert expected_steps(cfg) == 20  # 100 rows per rank, 10 steps each
     summary = train(cfg, tmp_path / "run", timeout=300)
     assert summary["steps_per_worker"] == 10 and summary["config"]["subset"] == 200
     assert summary["memory_per_rank"][1]["data_bytes"] == 100 * (64 * 4 + 8)  # 100 rows of the 200, no test rows

@@ -10,6 +10,7 @@ Public names::
         wb.Dashboard(run)                   # live loss, time share per rank, timeline
         result = run.wait()                 # RunResult
     wb.Store().runs()                       # every run, as a DataFrame
+    wb.Dashboard(wb.watch("run-id"))        # a run `workbench train` or an sbatch job records, as it goes
     wb.Sweep(cfg, grid={"tau": [1, 4]}, seeds=[0, 1]).run(cluster)
     wb.algorithms()                         # the nine training algorithms
     wb.collectives, wb.allreduce            # schedules, executor, all-reduce over MPI
@@ -33,6 +34,7 @@ __getattr__, __dir__ = lazy(__name__, {
     "Cluster": (".runtime.client.cluster", "Cluster"),
     "Run": (".runtime.client.run", "Run"),
     "RunError": (".runtime.client.run", "RunError"),
+    "watch": (".runtime.client.watch", "watch"),
     "Dashboard": (".dashboard", "Dashboard"),
     "Store": (".store", "Store"),
     "Sweep": (".sweep", "Sweep"),
@@ -41,4 +43,4 @@ __getattr__, __dir__ = lazy(__name__, {
 })
 
 __all__ = ["collectives", "allreduce", "algorithms", "RunConfig", "ConfigError", "RunResult", "Cluster", "Run",
-           "RunError", "Dashboard", "Store", "Sweep", "SweepPanel", "VirtualCluster", "__version__"]
+           "RunError", "watch", "Dashboard", "Store", "Sweep", "SweepPanel", "VirtualCluster", "__version__"]

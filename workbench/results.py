@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,24 @@ class RunObserver:
 
     def on_finish(self, run) -> None:
         """The run ended: ``run.status`` is ``finished``, ``failed`` or ``cancelled``."""
+
+
+class LiveSource:
+    """What a live run shares (:class:`~workbench.runtime.client.run.Run`,
+    :class:`~workbench.runtime.client.watch.WatchedRun`): ``_done`` (a threading.Event set when
+    it ends) and ``_observers``, told of data and of the end."""
+
+    _done: threading.Event
+    _observers: list[RunObserver]
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def add_observer(self, observer: RunObserver) -> None:
+        """Call ``observer.on_data(run)`` when data arrives and ``on_finish(run)`` at the end."""
+        self._observers.append(observer)
+        if self.done():
+            observer.on_finish(self)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from pathlib import Path
 import zmq
 
 from ...config import RunConfig
-from ...results import RunObserver, RunResult, history_frame
+from ...results import LiveSource, RunObserver, RunResult, history_frame
 from ..rundir import CANCEL_FILE, make_run_dir, run_id_for, runs_root
 from ..launch.blame import who_is
 from ..rank.sink import engine_train
@@ -51,7 +51,7 @@ class RunError(RuntimeError):
         self.rank, self.traceback = rank, traceback
 
 
-def _expected_steps(cfg: RunConfig) -> int:
+def expected_steps(cfg: RunConfig) -> int:
     """The run's steps, for the progress bar: from the data set's size, without loading it."""
     from ... import data as data_mod
     from ...summary import planned_steps
@@ -66,7 +66,7 @@ def _open_store(store):
     return store if isinstance(store, Store) else Store(store)
 
 
-class Run:
+class Run(LiveSource):
     """A live run. ``history`` (DataFrame) and ``trace`` (list of spans) grow while it trains."""
 
     def __init__(self, cluster, cfg: RunConfig, run_dir=None, *, store=None, timeout: float = 3600.0,
@@ -82,7 +82,7 @@ class Run:
         run_dir = Path(run_dir if run_dir is not None else runs_root() / self.run_id)
         self.run_dir = make_run_dir(run_dir).resolve()
         (self.run_dir / "config.json").write_text(cfg.to_json())
-        self.total_steps = _expected_steps(cfg)
+        self.total_steps = expected_steps(cfg)
         self._state = RunState(self.run_id)
         self.error, self.summary, self.result = None, None, None
         self.failed_rank: int | None = None
@@ -145,15 +145,6 @@ class Run:
         """Chrome-trace spans so far (a snapshot)."""
         with self._lock:
             return list(self._spans)
-
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def add_observer(self, observer: RunObserver) -> None:
-        """Call ``observer.on_data(run)`` when data arrives and ``on_finish(run)`` at the end."""
-        self._observers.append(observer)
-        if self.done():
-            observer.on_finish(self)
 
     def wait(self, timeout: float | None = None) -> RunResult:
         """Block until the run ends and return its :class:`RunResult`.

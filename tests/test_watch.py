@@ -1,0 +1,87 @@
+"""``wb.watch(run_id)``: a notebook follows a run that ``workbench train`` launched elsewhere, through
+the results store (live records while it runs, the whole run when it ends), as a dashboard's source."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from workbench.dashboard import Dashboard
+from workbench.results import RunObserver
+from workbench.runtime.client.run import RunError
+from workbench.runtime.client.watch import watch
+from workbench.store import Store
+
+pytestmark = pytest.mark.mpi
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Seen(RunObserver):
+    def __init__(self):
+        self.lengths, self.finished = [], 0
+
+    def on_data(self, run):
+        self.lengths.append(len(run.history))
+
+    def on_finish(self, run):
+        self.finished += 1
+
+
+def _launch(tmp_path: Path, *options: str) -> tuple[subprocess.Popen, Store]:
+    """``workbench train`` in the background (a terminal's or a batch job's run), and its store once
+    the run is recorded in it."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path))
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "train", "--algorithm", "sync-sgd", "--ranks", "2",
+                             "--store", str(tmp_path / "store.sqlite"), "--out", str(tmp_path / "elsewhere"),
+                             *options], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "store.sqlite").exists() or "elsewhere" not in Store(tmp_path / "store.sqlite"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.1)
+    return proc, Store(tmp_path / "store.sqlite")
+
+
+def test_a_watched_run_grows_while_it_trains_and_ends_as_stored(tmp_path):
+    proc, store = _launch(tmp_path, "--epochs", "40")
+    watched, seen = watch("elsewhere", store=store, interval=0.2), Seen()
+    watched.add_observer(seen)
+    board = Dashboard(watched)
+    assert watched.total_steps > 0 and watched.status == "running", watched
+    result = watched.wait(timeout=300)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-3000:]
+    summary = json.loads((tmp_path / "elsewhere" / "summary.json").read_text())
+    assert watched.status == "finished" and result.summary == summary and watched.summary == summary
+    # seen live: the history grew over several looks before the run ended, then the whole run came
+    growing = [n for n in seen.lengths if n < len(result.history)]
+    assert len(growing) >= 2 and growing == sorted(growing) and growing[0] < growing[-1], seen.lengths
+    assert seen.finished == 1 and len(watched.history) == len(result.history) and watched.trace
+    assert summary["steps"] == watched.total_steps
+    board.refresh()
+    assert "finished" in board.status.value and board.progress.value == 1.0
+    board.close()
+
+
+def test_a_watched_run_that_fails_raises_with_the_stored_error_and_keeps_its_records(tmp_path):
+    proc, store = _launch(tmp_path, "--epochs", "40", "--fail-rank", "1", "--fail-step", "400")
+    watched = watch("elsewhere", store=store, interval=0.2)
+    with pytest.raises(RunError, match=r"rank 1 on node .* raised an exception"):
+        watched.wait(timeout=300)
+    proc.communicate(timeout=60)
+    history = watched.history
+    steps = history[(history["kind"] == "train") & (history["rank"] == 1)]["step"]
+    assert watched.status == "failed" and sorted(steps.astype(int)) == list(range(400))
+    # a run that ended before it was watched: ended at once
+    again = watch("elsewhere", store=store)
+    assert again.done() and again.status == "failed" and len(again.history) == len(history)
+
+
+def test_watching_a_run_the_store_does_not_hold_names_the_store(tmp_path):
+    with pytest.raises(KeyError, match=r"run 'nope' is not in the store"):
+        watch("nope", store=tmp_path / "store.sqlite")

@@ -1,0 +1,113 @@
+"""``wb.watch(run_id)``: follow, from a notebook, a run that something else launched and records in
+the results store: ``workbench train`` in a terminal, or in an ``sbatch`` job.
+
+``workbench train`` copies its ranks' metric records into the store's ``running`` row as they
+come (:mod:`workbench.runtime.live`); a :class:`WatchedRun` reads what is new every ``interval``
+seconds in a thread and, once the row leaves ``running``, the whole stored run (summary, history,
+trace). It is a source for :class:`~workbench.dashboard.Dashboard` like a live ``Run``::
+
+    watched = wb.watch("my-run")          # the id `workbench train` printed (its --out folder's name)
+    wb.Dashboard(watched)                 # live loss, progress, accuracy; shares and timeline at the end
+    result = watched.wait()               # the stored RunResult; RunError if the run failed
+
+Watching only reads the store: it never stops the run (``scancel`` or Ctrl-C where it runs does).
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+from ...config import RunConfig
+from ...results import LiveSource, RunObserver, RunResult, history_frame
+
+#: seconds between looks at the store
+WATCH_SECONDS = 1.0
+
+
+def watch(run_id: str, store=None, interval: float = WATCH_SECONDS) -> "WatchedRun":
+    """A :class:`WatchedRun` of ``run_id`` in ``store`` (a :class:`~workbench.store.Store`, a path,
+    or None: the default store). KeyError naming the store when the run is not in it (yet: a
+    queued job's run is recorded when the job starts)."""
+    return WatchedRun(run_id, store, interval)
+
+
+class WatchedRun(LiveSource):
+    """A run in the store as it goes: ``status``, ``history`` (DataFrame) grow; ``trace``,
+    ``summary`` and ``result`` arrive when it ends. See the module's text."""
+
+    def __init__(self, run_id: str, store=None, interval: float = WATCH_SECONDS) -> None:
+        from ...store import Store
+        self.store = store if isinstance(store, Store) else Store(store)
+        self.run_id, self.interval = run_id, interval
+        status, self.error, records, self._seq, self.config = self.store.follow(run_id, -1)
+        self.total_steps = _expected_steps(self.config)
+        self._records, self._history = list(records), None
+        self.summary, self.trace, self.result = None, [], None
+        self.status = "running"
+        self._observers: list[RunObserver] = []
+        self._lock, self._done = threading.Lock(), threading.Event()
+        self._ended(status)
+        if not self._done.is_set():
+            threading.Thread(target=self._follow, name=f"watch-{run_id}", daemon=True).start()
+
+    @property
+    def history(self):
+        with self._lock:
+            if self._history is None:
+                self._history = self.result.history if self.result is not None else history_frame(self._records)
+            return self._history
+
+    def wait(self, timeout: float | None = None) -> RunResult:
+        """The stored run once it ends; TimeoutError after ``timeout`` s (the run goes on), RunError
+        with the stored error when it failed."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"run {self.run_id} still {self.status} after {timeout:g} s (it goes on; wait() again)")
+        if self.status == "failed":
+            from .run import RunError
+            raise RunError(self.error or "the run failed")
+        return self.result
+
+    def __repr__(self) -> str:
+        steps = sum(1 for r in self._records if r.get("kind") == "train")
+        return f"<workbench.WatchedRun {self.run_id} {self.status}: {steps}/{self.total_steps} steps>"
+
+    def _follow(self) -> None:
+        while not self._done.is_set():
+            time.sleep(self.interval)
+            try:
+                status, error, records, self._seq, _ = self.store.follow(self.run_id, self._seq)
+            except Exception as exc:  # noqa: BLE001 - the run was deleted, the store moved: say so, end
+                status, error, records = "failed", f"workbench: watching stopped: {exc!r}", []
+            self.error = error
+            if records:
+                with self._lock:
+                    self._records.extend(records)
+                    self._history = None
+                for obs in list(self._observers):
+                    obs.on_data(self)
+            self._ended(status)
+
+    def _ended(self, status: str) -> None:
+        """When the row has left ``running``: the whole stored run, then the observers told."""
+        if status == "running":
+            return
+        try:
+            self.result = self.store.load(self.run_id)
+            self.summary, self.trace, self.error = self.result.summary, self.result.trace, self.result.error
+        except KeyError:
+            pass
+        with self._lock:
+            self._history = None
+        self.status = status
+        self._done.set()
+        for obs in list(self._observers):
+            obs.on_finish(self)
+
+
+def _expected_steps(config: dict) -> int | None:
+    """The run's planned steps (the dashboard's 100%), or None when its data set cannot be read here."""
+    from .run import expected_steps
+    try:
+        return expected_steps(RunConfig.from_dict(config))
+    except Exception:  # noqa: BLE001 - a data set on the cluster's file system only: no progress bar
+        return None
