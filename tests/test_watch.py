@@ -83,5 +83,9 @@ def test_a_watched_run_that_fails_raises_with_the_stored_error_and_keeps_its_rec
 
 
 def test_watching_a_run_the_store_does_not_hold_names_the_store(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"store: the results store .*store.sqlite does not exist"):
+        watch("nope", store=tmp_path / "store.sqlite")
+    assert not (tmp_path / "store.sqlite").exists()
+    Store(tmp_path / "store.sqlite")
     with pytest.raises(KeyError, match=r"run 'nope' is not in the store"):
         watch("nope", store=tmp_path / "store.sqlite")

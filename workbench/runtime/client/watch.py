@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 from ...config import RunConfig
 from ...results import LiveSource, RunObserver, RunResult, history_frame
@@ -26,8 +27,8 @@ WATCH_SECONDS = 1.0
 
 def watch(run_id: str, store=None, interval: float = WATCH_SECONDS) -> "WatchedRun":
     """A :class:`WatchedRun` of ``run_id`` in ``store`` (a :class:`~workbench.store.Store`, a path,
-    or None: the default store). KeyError naming the store when the run is not in it (yet: a
-    queued job's run is recorded when the job starts)."""
+    or None: the default store). FileNotFoundError when the store does not exist, KeyError naming it
+    when the run is not in it (yet: a queued job's run is recorded when the job starts)."""
     return WatchedRun(run_id, store, interval)
 
 
@@ -36,8 +37,14 @@ class WatchedRun(LiveSource):
     ``summary`` and ``result`` arrive when it ends. See the module's text."""
 
     def __init__(self, run_id: str, store=None, interval: float = WATCH_SECONDS) -> None:
-        from ...store import Store
-        self.store = store if isinstance(store, Store) else Store(store)
+        from ...store import Store, default_path
+        if not isinstance(store, Store):
+            path = Path(store) if store is not None else default_path()
+            if not path.exists():  # watching must not create an empty store
+                raise FileNotFoundError(f"store: the results store {path} does not exist (workbench train creates "
+                                        "it; pass store= the one the run is recorded in)")
+            store = Store(path)
+        self.store = store
         self.run_id, self.interval = run_id, interval
         status, self.error, records, self._seq, self.config = self.store.follow(run_id, -1)
         self.total_steps = _expected_steps(self.config)
