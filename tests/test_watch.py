@@ -73,6 +73,7 @@ def test_a_watched_run_grows_while_it_trains_and_ends_as_stored(tmp_path):
     assert watched.trace and 0 < summary["steps"] < watched.total_steps
     board.refresh()
     assert "cancelled" in board.status.value and 0 < board.progress.value < 1
+    assert board.redraws >= 2 and not board.errors   # drawn live (no trace yet) and at the end
     board.close()
 
 
