@@ -98,3 +98,13 @@ def test_watching_a_run_the_store_does_not_hold_names_the_store(tmp_path):
     Store(tmp_path / "store.sqlite")
     with pytest.raises(KeyError, match=r"run 'nope' is not in the store"):
         watch("nope", store=tmp_path / "store.sqlite")
+
+
+def test_a_watched_run_deleted_from_the_store_ends_the_watch_with_why(tmp_path):
+    store = Store(tmp_path / "store.sqlite")
+    store.start_run("gone", {"algorithm": "sync-sgd", "ranks": 2, "dataset": "digits"})
+    watched = watch("gone", store=store, interval=0.05)
+    store.delete("gone")
+    with pytest.raises(RunError, match=r"watching run gone stopped: KeyError"):
+        watched.wait(timeout=30)
+    assert watched.status == "failed"

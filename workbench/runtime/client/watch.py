@@ -82,16 +82,15 @@ class WatchedRun(LiveSource):
         while not self._done.is_set():
             time.sleep(self.interval)
             try:
-                status, error, records, self._seq, _ = self.store.follow(self.run_id, self._seq)
-            except Exception as exc:  # noqa: BLE001 - the run was deleted, the store moved: say so, end
-                status, error, records = "failed", f"workbench: watching stopped: {exc!r}", []
-            self.error = error
-            if records:
-                with self._lock:
-                    self._records.extend(records)
-                    self._history = None
-                for obs in list(self._observers):
-                    obs.on_data(self)
+                status, self.error, records, self._seq, _ = self.store.follow(self.run_id, self._seq)
+                if records:
+                    with self._lock:
+                        self._records.extend(records)
+                        self._history = None
+                    for obs in list(self._observers):
+                        obs.on_data(self)
+            except Exception as exc:  # noqa: BLE001 - the run was deleted, the store moved: say so, end (wait() returns)
+                status, self.error = "failed", f"workbench: watching run {self.run_id} stopped: {exc!r}"
             self._ended(status)
 
     def _ended(self, status: str) -> None:
@@ -101,7 +100,7 @@ class WatchedRun(LiveSource):
         try:
             self.result = self.store.load(self.run_id)
             self.summary, self.trace, self.error = self.result.summary, self.result.trace, self.result.error
-        except KeyError:
+        except Exception:  # noqa: BLE001 - the records seen so far and the error stand
             pass
         with self._lock:
             self._history = None
