@@ -3,6 +3,7 @@ fixture); failures, checkpoints, resuming and the CLI under mpiexec."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -193,3 +194,49 @@ def test_cli_train_refuses_bad_config_before_launch(tmp_path):
     assert proc.returncode == 2
     assert "ranks must be >= 2 for easgd (rank 0 is the master)" in proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+#: one rank's evaluations through the Context on COMM_SELF, in a process of its own (the test
+#: process never initialises MPI); the model has a BatchNorm, whose running statistics are buffers
+EVALUATE_ONCE = """
+import json
+import os
+import torch
+from mpi4py import MPI
+from torch import nn
+from workbench.config import RunConfig
+from workbench.runtime.rank.context import Context
+
+def bn_mlp(features, classes):
+    return nn.Sequential(nn.Linear(features, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, classes))
+
+ctx = Context(RunConfig(model="__main__:bn_mlp", ranks=1), MPI.COMM_SELF, None)
+tests = lambda: sum(e["name"] == "evaluate" for e in ctx.telemetry.events)
+seen, w = {}, ctx.flat.data
+seen["first"] = (ctx.evaluate(w, step=1), tests())
+seen["same"] = (ctx.evaluate(w.clone(), final=True), tests())
+w.add_(1e-3)
+seen["new weights"] = (ctx.evaluate(w, step=2), tests())
+ctx.model.train()
+ctx.model(torch.randn(32, ctx.data.num_features))  # a forward in training mode moves the buffers
+seen["new buffers"] = (ctx.evaluate(w, step=3), tests())
+seen["same again"] = (ctx.evaluate(w, final=True), tests())
+print(json.dumps(seen))
+"""
+
+
+def test_the_same_weights_and_buffers_are_evaluated_once(tmp_path):
+    """A synchronous run evaluates its last step, then its final weights: the same numbers, so the
+    second takes the first's result (resnet18's 10,000 Fashion-MNIST test rows: about 2 minutes);
+    new weights or new BatchNorm statistics are tested afresh."""
+    proc = subprocess.run([sys.executable, "-c", EVALUATE_ONCE], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seen = json.loads(proc.stdout.splitlines()[-1])
+    assert {name: tests for name, (_, tests) in seen.items()} == {
+        "first": 1, "same": 1, "new weights": 2, "new buffers": 3, "same again": 3}
+    record = {name: r for name, (r, _) in seen.items()}
+    assert record["same"]["test_accuracy"] == record["first"]["test_accuracy"]
+    assert record["same"]["test_loss"] == record["first"]["test_loss"]
+    assert record["same"]["final"] is True and "step" not in record["same"]
+    assert record["new buffers"]["test_loss"] != record["new weights"]["test_loss"]

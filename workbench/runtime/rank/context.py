@@ -51,6 +51,7 @@ class Context:
         self.flat = models.FlatParams(self.model)
         self._eval_model = models.build(cfg.model, self.data.num_features, self.data.num_classes)
         self._eval_flat = models.FlatParams(self._eval_model)
+        self._eval_result = None  # (accuracy, loss) of the weights and buffers the evaluation model holds
         self.batches, self.steps, self.steps_per_epoch = None, 0, 0  # none on a master
         if self.worker_index is not None:
             self.batches = data_mod.Batches(self.data, self.worker_index, cfg.workers,
@@ -160,7 +161,27 @@ class Context:
         """Test accuracy and loss of ``weights`` (a flat vector); recorded as a metric.
 
         Layers with running statistics (BatchNorm) take this rank's own: they are buffers, not
-        parameters, so no algorithm exchanges them."""
+        parameters, so no algorithm exchanges them. Weights and buffers equal to the last ones
+        evaluated (a synchronous run evaluates its last step, then its final weights) take that
+        result again: resnet18 on Fashion-MNIST's 10,000 test rows is about 2 minutes here, the
+        comparison 20 ms. Compared by value, not by tensor version counters: MPI's receives into
+        numpy views of a tensor do not bump them."""
+        if self._eval_result is None or not self._holds(weights):
+            self._eval_result = None  # until the test ends: the model holds these weights already
+            self._eval_result = self._test(weights)
+        acc, loss = self._eval_result
+        record = {"kind": "eval", "rank": self.rank, "t": self.now(), "test_accuracy": acc,
+                  "test_loss": loss, **where}
+        self.add_metric(record)
+        return record
+
+    def _holds(self, weights: torch.Tensor) -> bool:
+        """Whether the evaluation model holds ``weights`` and this rank's buffers now."""
+        return torch.equal(self._eval_flat.data, weights) and all(
+            torch.equal(mine, theirs) for mine, theirs in zip(self._eval_model.buffers(), self.model.buffers()))
+
+    def _test(self, weights: torch.Tensor) -> tuple[float, float]:
+        """Accuracy and mean loss on the test set of ``weights`` with this rank's buffers."""
         if len(self.data.y_test) == 0:  # a rank that was not meant to evaluate: read the test set now
             self.data.X_test, self.data.y_test = _test_set(self.cfg)
         with self.span("evaluate", "compute"):
@@ -174,11 +195,7 @@ class Context:
                 part = y[start:start + self.EVAL_ROWS]
                 loss_sum += F.cross_entropy(out, part, reduction="sum").item()
                 right += int((out.argmax(1) == part).sum())
-            loss, acc = loss_sum / len(y), right / len(y)
-        record = {"kind": "eval", "rank": self.rank, "t": self.now(), "test_accuracy": acc,
-                  "test_loss": loss, **where}
-        self.add_metric(record)
-        return record
+        return right / len(y), loss_sum / len(y)
 
     def is_eval_point(self, count: int, last: int) -> bool:
         return count % self.cfg.eval_every == 0 or count == last
