@@ -118,3 +118,19 @@ def test_the_store_tells_how_far_a_run_got_from_its_records(tmp_path):
     store.append_metrics("b", [{"kind": "train", "rank": 0, "step": 0, "t": 0, "loss": 2.0}])
     assert store.progress(["a", "b", "empty"]) == {"a": {"steps": 6, "test_accuracy": 0.625},
                                                    "b": {"steps": 1, "test_accuracy": None}}
+
+
+def test_following_a_stored_run_takes_each_record_once_and_the_config_on_the_first_look(tmp_path):
+    store = Store(tmp_path / "store.sqlite")
+    store.start_run("a", {"algorithm": "sync-sgd", "ranks": 2})
+    store.append_metrics("a", [{"kind": "train", "rank": r, "step": 0, "t": 0, "loss": 1.0} for r in (0, 1)])
+    status, error, records, seq, config = store.follow("a", -1)
+    assert (status, error, [r["rank"] for r in records], config["ranks"]) == ("running", None, [0, 1], 2)
+    assert store.follow("a", seq) == ("running", None, [], seq, None)  # nothing new, no config read again
+    store.append_metrics("a", [{"kind": "train", "rank": 0, "step": 1, "t": 1, "loss": 0.5}])
+    store.fail("a", "rank 1 on node n1: boom")
+    status, error, records, later, config = store.follow("a", seq)
+    assert (status, error, [r["step"] for r in records], later, config) == (
+        "failed", "rank 1 on node n1: boom", [1], seq + 1, None)
+    with pytest.raises(KeyError, match="nobody"):
+        store.follow("nobody", -1)

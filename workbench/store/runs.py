@@ -151,18 +151,20 @@ class Runs(Database):
                 raise unknown_run(run_id, self.path)
 
     # -- reading runs ----------------------------------------------------------------------
-    def follow(self, run_id: str, after: int) -> tuple[str, str | None, list[dict], int, dict]:
+    def follow(self, run_id: str, after: int) -> tuple[str, str | None, list[dict], int, dict | None]:
         """A look at a run as it goes: its status, error, the metric records stored after sequence
-        number ``after`` (-1: all), the newest record's number and its config. KeyError naming the
-        store when the run is not in it."""
+        number ``after`` (-1: all), the newest record's number, and its config on the first look
+        (``after`` -1; None on the later ones, which a watch takes every second). KeyError naming
+        the store when the run is not in it."""
         with self._read() as conn:
             conn.execute("BEGIN")
-            row = self._row(conn, run_id, "status, error, config")
+            row = self._row(conn, run_id, "status, error, config" if after < 0 else "status, error, NULL")
             if row is None:
                 raise unknown_run(run_id, self.path)
             rows = conn.execute("SELECT seq, record FROM metrics WHERE run_id = ? AND seq > ? ORDER BY seq",
                                 (run_id, after)).fetchall()
-        return row[0], row[1], [json.loads(r) for _, r in rows], rows[-1][0] if rows else after, json.loads(row[2])
+        config = json.loads(row[2]) if row[2] is not None else None
+        return row[0], row[1], [json.loads(r) for _, r in rows], rows[-1][0] if rows else after, config
 
     def progress(self, run_ids: list[str]) -> dict[str, dict]:
         """How far each of ``run_ids`` got by its stored metric records (a running run's live ones):
