@@ -200,7 +200,6 @@ def test_cli_train_refuses_bad_config_before_launch(tmp_path):
 #: process never initialises MPI); the model has a BatchNorm, whose running statistics are buffers
 EVALUATE_ONCE = """
 import json
-import os
 import torch
 from mpi4py import MPI
 from torch import nn
