@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from workbench.runtime.launch.mpiexec import GUARD
 
@@ -105,3 +108,79 @@ def test_a_guard_that_vanished_after_noting_its_launchers_death_is_a_killed_node
     ended = [{**ends[0], "signal": 15}]
     assert "the launcher's process on node vc-3" in str(failure(8, MPIResult(255, "", {}), starts, ended,
                                                                   vanished={6: 5.1}))
+
+
+
+def test_a_rank_killed_by_a_signal_is_named_before_one_that_aborted_and_exited_first():
+    """Each guard records when it saw its rank end: a killed rank's guard can see it after another rank,
+    whose MPI saw the broken link, aborted and exited. The killed rank is the cause; a rank its guard
+    killed as the launcher ended the job is not."""
+    from workbench.runtime.launch.blame import MPIResult, failure
+    abort = "Abort(143) on node 0 (rank 0 in comm 0): Fatal error in internal_Allreduce_c: Other MPI error"
+    result = MPIResult(143, abort, {0: abort})
+    starts = {r: {"rank": r, "pid": 100 + r, "host": "vm"} for r in (0, 1)}
+    aborted = {"rank": 0, "pid": 100, "host": "vm", "exit_code": 143, "time": 5.0}
+    killed = {"rank": 1, "pid": 101, "host": "vm", "signal": 9, "time": 5.2}
+    error = failure(2, result, starts, [aborted, killed])
+    assert str(error).startswith("rank 1 on node vm (pid 101) was killed by signal 9 (SIGKILL)"), str(error)
+    assert error.failed_ranks == [1]
+    stopped = {**killed, "launcher_stopped": 90}
+    assert str(failure(2, result, starts, [aborted, stopped])).startswith("rank 0 on node vm (pid 100) exited with "
+                                                                          "code 143"), str(failure(2, result, starts, [aborted, stopped]))
+    assert str(failure(2, result, starts, [stopped])).startswith("rank 0 on node vm (pid 100) raised an exception "
+                                                                 "and called MPI_Abort with code 143")
+
+#: rank 0 calls MPI_Abort once the file ``go`` exists; rank 1 sleeps (both say they are ready)
+ABORT_ON_GO = """
+import os, sys, time
+from mpi4py import MPI
+folder, rank = sys.argv[1], MPI.COMM_WORLD.Get_rank()
+open(os.path.join(folder, f"ready{rank}"), "w").close()
+while rank == 0 and not os.path.exists(os.path.join(folder, "go")):
+    time.sleep(0.02)
+if rank == 0:
+    MPI.COMM_WORLD.Abort(3)
+time.sleep(600)
+"""
+
+
+@pytest.mark.mpi
+def test_a_killed_rank_is_named_when_another_aborts_before_its_guard_sees_it(tmp_path):
+    """The race a clean-clone make test lost: a rank is killed, another rank's MPI sees the broken
+    link at once and calls MPI_Abort, and hydra kills its children's process groups before the killed
+    rank's guard has recorded the signal. Made certain here: rank 1's guard is stopped, rank 1 killed,
+    rank 0 aborts, and the guard goes on only once rank 0 has ended. The guard outlives hydra's kill
+    (its own session) and records the signal; blame names the killed rank, not the one that aborted."""
+    from workbench.runtime.launch.blame import MPILaunchError
+    from workbench.runtime.launch.mpiexec import run_mpi
+    program = tmp_path / "abort_on_go.py"
+    program.write_text(ABORT_ON_GO)
+    outcome = {}
+
+    def launch():
+        try:
+            run_mpi(2, [str(program), str(tmp_path)], timeout=120, job_dir=tmp_path / "job")
+        except MPILaunchError as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=launch)
+    thread.start()
+    try:
+        _until(lambda: (tmp_path / "ready0").exists() and (tmp_path / "ready1").exists(), "the ranks did not start")
+        starts = {r: json.loads(next((tmp_path / "job").glob(f"*/ranks/rank{r}.start")).read_text()) for r in (0, 1)}
+        guard, victim, other = (psutil.Process(starts[1]["guard_pid"]), psutil.Process(starts[1]["pid"]),
+                                psutil.Process(starts[0]["pid"]))
+        guard.suspend()
+        try:
+            _wait_for_state(guard.pid, psutil.STATUS_STOPPED)
+            victim.kill()
+            (tmp_path / "go").touch()
+            _until(lambda: not other.is_running() or other.status() == psutil.STATUS_ZOMBIE, "rank 0 did not abort")
+            time.sleep(0.5)  # hydra kills what it started
+        finally:
+            guard.resume()
+    finally:
+        thread.join(150)
+    message = str(outcome.get("error"))
+    assert message.startswith(f"rank 1 on node {socket.gethostname()} (pid {victim.pid}) was killed by signal 9 "
+                              "(SIGKILL)"), message

@@ -1,6 +1,6 @@
 """One rank raises while the others wait in a collective; or one rank hangs; or (``unforwarded``)
 one rank writes its last words to stderr while the launcher's process that forwards its output
-(hydra's proxy, the rank guard's parent) is stopped, then kills that process and hangs.
+(hydra's proxy, the parent of the rank guard's front) is stopped, then kills that process and hangs.
 
 Usage: python -m mpi4py tests/mpi/failing_rank.py raise|hang|unforwarded RANK
 """
@@ -16,8 +16,10 @@ if MPI.COMM_WORLD.Get_rank() == bad:
     if mode == "raise":
         raise RuntimeError(f"injected failure on rank {bad}")
     if mode == "unforwarded":
-        with open(f"/proc/{os.getppid()}/stat") as f:  # the guard's parent
-            proxy = int(f.read().rsplit(")", 1)[1].split()[1])
+        proxy = os.getppid()  # the guard, then its front, then the front's parent: hydra's proxy
+        for _ in range(2):
+            with open(f"/proc/{proxy}/stat") as f:
+                proxy = int(f.read().rsplit(")", 1)[1].split()[1])
         os.kill(proxy, signal.SIGSTOP)
         print(f"last words of rank {bad}", file=sys.stderr, flush=True)
         os.kill(proxy, signal.SIGKILL)

@@ -304,7 +304,7 @@ class Run(LiveSource):
         """
         if self._killed:
             return None
-        exits = self.cluster.exits()
+        exits = [e for e in self.cluster.exits() if not e.get("launcher_stopped")]  # killed as its job ended
         failed = self.cluster.failed_nodes()
         if failed:  # the batch system lost a node: that, not the ranks it then killed, is the cause
             on = {r: h for r, h in self.cluster.hosts.items() if h in failed}

@@ -89,6 +89,8 @@ def describe_end(record: dict) -> str:
     ``was ended by its guard: the launcher's process (pid 17) that started it died``."""
     if record.get("launcher_died"):
         return f"was ended by its guard: the launcher's process (pid {record['launcher_died']}) that started it died"
+    if record.get("launcher_stopped"):
+        return f"was killed by its guard as its launcher (pid {record['launcher_stopped']}) ended the job"
     if record.get("signal"):
         return f"was killed by signal {record['signal']} ({signal_name(record['signal'])})"
     if record.get("srun_said"):
@@ -128,7 +130,7 @@ _HYDRA_SIGNAL = re.compile(r"KILLED BY SIGNAL: (\d+)|\(signal (\d+)\)")
 def _first_death(result: MPIResult, starts: dict[int, dict], ends: list[dict]) -> dict | None:
     """The record of the rank that ended badly first: from the guards, else (ranks on hosts that
     could not write to this host's folder) from hydra's report when its PID is a known rank."""
-    bad = [e for e in ends if (e.get("signal") or e.get("exit_code")) and not e.get("launcher_died")]
+    bad = [e for e in ends if (e.get("signal") or e.get("exit_code")) and not _consequence(e)]
     if bad:
         return bad[0]
     m = _SRUN_BAD.search(result.output)  # srun's report: its first line names the first task that ended badly
@@ -158,6 +160,22 @@ def _first_death(result: MPIResult, starts: dict[int, dict], ends: list[dict]) -
     return record
 
 
+def _consequence(record: dict) -> bool:
+    """The guard ended its rank because the launcher's process died or ended the job (:mod:`.rankguard`)."""
+    return bool(record.get("launcher_died") or record.get("launcher_stopped"))
+
+
+def _killed_before_abort(first: dict | None, ends: list[dict], aborted: set[tuple[int, int]]) -> dict | None:
+    """When the first recorded end is a rank that called MPI_Abort and exited, and another rank was
+    killed by a signal (not by its guard): that rank, whose death the aborting rank's MPI saw (a
+    broken connection, a peer's memory gone). Each guard records when it saw its rank end, and the
+    killed rank's guard can see it after the other rank aborted; else ``first``."""
+    if first is None or first.get("signal") or first.get("rank") not in {rank for rank, _ in aborted}:
+        return first
+    killed = [e for e in ends if e.get("signal") and not _consequence(e)]
+    return killed[0] if killed else first
+
+
 def _signal_number(description: str) -> int | None:
     """The signal whose ``strsignal`` is ``description`` (srun writes "Killed", "Terminated")."""
     import signal
@@ -185,12 +203,14 @@ def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[
     traced = failed_ranks(result)
     first = _first_death(result, starts, ends)
     # a rank that called MPI_Abort (mpi4py does on an uncaught exception) takes the others
-    # down with it, its guard included: MPICH's own line names it
+    # down with it (hydra kills the fronts, the guards kill their ranks): MPICH's own line names it
     aborted = {(int(m.group(2)), int(m.group(1))) for r in traced
                for m in [_MPICH_ABORT.search(result.ranks.get(r, ""))] if m}
     if (abort_kills_all and len(aborted) == 1 and first is not None and first.get("signal") == 9
             and all(e.get("signal") == 9 for e in ends if e.get("signal") or e.get("exit_code"))):
         first = None
+    elif not abort_kills_all:
+        first = _killed_before_abort(first, ends, aborted)
     # a guard that noted its launcher's death but vanished before recording its rank's end was killed
     # with it (its node's processes were killed): not a launcher that died under live guards
     orphaned = [e for e in ends if e.get("launcher_died")

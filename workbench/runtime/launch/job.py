@@ -4,6 +4,7 @@ and stopping all of it. Used by :func:`workbench.runtime.launch.mpiexec.run_mpi`
 from __future__ import annotations
 
 import codecs
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..processes import stop_processes
+from ..processes import alive, stop_processes
 from .heartbeat import Listener
 from .signals import handling_signals
 
@@ -22,6 +23,9 @@ class Job:
 
     POLL = 0.05  # seconds between two looks at the job
     TERM_GRACE = 3.0  # seconds from SIGTERM to SIGKILL when stopping
+    #: seconds the ranks' guards on this host get, after mpiexec ended, to record how their ranks
+    #: ended (:meth:`settle`): more than the guard's grace for a rank whose launcher died
+    SETTLE = 8.0
 
     def __init__(self, cmd: list[str], env: dict[str, str], cwd, stream: bool, tmp: Path,
                  status_dir: Path, listener: Listener | None = None) -> None:
@@ -142,7 +146,6 @@ class Job:
         process ends, to the millisecond (``pidfd``): a guard that ends without writing how its rank
         ended was killed from outside, with its rank (a node's processes killed); the first of those is
         the cause, the others (killed by the launcher after it) consequences."""
-        import json
         import select
         poller, fds, watched = select.poll(), {}, set()
         try:
@@ -172,6 +175,25 @@ class Job:
         """Ranks whose guard ended without a record of how the rank ended, with when (monotonic s)."""
         return {r: t for r, t in self.guard_ended.items() if not (self.status_dir / f"rank{r}.status").exists()}
 
+    def settle(self, timeout: float = SETTLE) -> None:
+        """After mpiexec ended by itself: wait, at most ``timeout`` s, until each rank guard of this job
+        seen on this host has recorded how its rank ended or has ended. (On an ``MPI_Abort`` hydra kills
+        the process groups it started and exits; each guard, in its own session, outlives that kill to
+        record its rank's end, which may come after: a killed rank whose guard woke late.)"""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            waiting = []
+            for path in self.status_dir.glob("rank*.start"):
+                try:
+                    guard = json.loads(path.read_text()).get("guard_pid")
+                except (OSError, ValueError):
+                    continue
+                if guard in self._known and alive(self._known[guard]) and not path.with_suffix(".status").exists():
+                    waiting.append(guard)
+            if not waiting:
+                return
+            time.sleep(self.POLL)
+
     def _remember_processes(self, force: bool = False) -> None:
         """Note mpiexec's descendants (each rank runs in its own session, so a process group
         does not hold them): looked at again whenever another rank has started."""
@@ -188,10 +210,13 @@ class Job:
         except Exception:  # noqa: BLE001 - psutil missing, or mpiexec just ended
             pass
 
-    def stop(self, immediate: bool = False) -> None:
+    def stop(self, immediate: bool = False, settle: bool = False) -> None:
         """End every process of the job (mpiexec and its descendants, each rank in its own session):
         SIGTERM (mpiexec passes it on, each rank's guard too), SIGKILL after ``TERM_GRACE`` s, at once
-        with ``immediate`` or when another signal comes meanwhile; then wait up to 10 s for the ends."""
+        with ``immediate`` or when another signal comes meanwhile; then wait up to 10 s for the ends.
+        ``settle`` (mpiexec ended by itself): first give the guards time to record (:meth:`settle`)."""
+        if settle:
+            self.settle()
         if self.proc.poll() is None:
             self._remember_processes(force=True)
         signals_before = len(self.signals)

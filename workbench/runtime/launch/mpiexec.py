@@ -179,7 +179,7 @@ def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
         finally:
             if listener is not None:
                 listener.close()
-            job.stop(immediate=True)  # nothing of the job outlives this call, whatever happened
+            job.stop(immediate=True, settle=outcome == "exited")  # nothing of the job outlives this call
             if launcher == "srun":
                 _stop_steps(status_dir, name, ended_by_itself=outcome == "exited")
             job.finish_output()
