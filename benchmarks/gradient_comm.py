@@ -385,7 +385,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--collective", default="native", help="workbench's all-reduce (default native: MPI_Allreduce)")
-    parser.add_argument("--eval-every", type=int, default=10, help="steps between evaluations (RunConfig's default)")
+    parser.add_argument("--eval-every", type=int, default=10, help="steps between evaluations")
     parser.add_argument("--target", type=float, default=0.9, help="test accuracy for the time-to-target column")
     parser.add_argument("--only", help="comma-separated row keys (default: every row)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds one run may take")

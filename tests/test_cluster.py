@@ -129,6 +129,19 @@ def test_cancel_stops_the_ranks_and_keeps_the_cluster(cluster, tmp_path, algorit
     _still_usable(cluster, tmp_path)
 
 
+@pytest.mark.parametrize("algorithm", ["sync-sgd", "local-sgd"])
+def test_cancel_reaches_a_run_that_evaluates_only_at_its_end(cluster, tmp_path, algorithm):
+    """The ranks agree whether to stop every 10 steps (Local SGD: where it syncs), not at the
+    evaluation points: a run with ``eval_every`` past its steps still stops when cancelled."""
+    run = cluster.train(RunConfig(algorithm=algorithm, ranks=4, epochs=500, eval_every=10**6), tmp_path / "e",
+                        store=False)
+    while (run.history["kind"] == "train").sum() < 20:
+        time.sleep(0.05)
+    result = run.cancel(timeout=30)
+    assert result.status == "cancelled" and result.summary["cancelled"] is True
+    assert 0 < result.summary["steps"] < run.total_steps
+
+
 def test_keyboard_interrupt_in_wait_cancels_the_run(cluster, tmp_path):
     # A kernel turns SIGINT into KeyboardInterrupt; a test session started as a background job
     # (`make test &`, a CI runner) inherits SIGINT ignored, so say what a kernel has

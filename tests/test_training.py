@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from workbench.config import RunConfig
+from workbench.data import load as load_data
 from workbench.optim import ALGORITHMS
 from workbench.runtime.rank import checkpoint
 from workbench.runtime.launch.batch import train
@@ -44,6 +45,15 @@ def test_every_algorithm_learns_digits_with_its_defaults(algorithm, engines, tmp
     assert workers == ({1, 2, 3} if ALGORITHMS[algorithm].master_based else {0, 1, 2, 3})
     assert sum(m["kind"] == "eval" for m in metrics) >= 5
     assert {m["lr"] for m in metrics if m["kind"] == "train"} == {summary["hyper"]["lr"]}  # constant: the default
+    # eval_every 0 (the default): each time every worker has trained on as many rows as the test set
+    # holds, or each tenth of the run if that comes sooner; and at the last step (arrival)
+    cfg, master = summary["config"], ALGORITHMS[algorithm].master_based
+    rows = len(load_data("digits", seed=0, shard=(0, 1)).y_test)
+    points = [m["arrivals" if master else "step"] for m in metrics if m["kind"] == "eval" and not m.get("final")]
+    every = min(-(-rows // (cfg["batch_size"] * (cfg["tau"] if master else 1))) * (3 if master else 1),
+                -(-points[-1] // 10))
+    assert points == [every * (i + 1) for i in range(points[-1] // every)] + [points[-1]] * (points[-1] % every > 0), \
+        (every, points)
 
 
 def test_lr_schedules_reach_every_worker_and_the_master(engines, tmp_path):
@@ -204,6 +214,7 @@ import torch
 from mpi4py import MPI
 from torch import nn
 from workbench.config import RunConfig
+from workbench.data import load as load_data
 from workbench.runtime.rank.context import Context
 
 def bn_mlp(features, classes):

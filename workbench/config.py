@@ -196,7 +196,9 @@ class RunConfig:
                                    check=number_check(lambda v: 0 <= v <= 1, "in [0, 1]"), type=float, metavar="ALPHA",
                                    uses=lambda s: s.periodic == "streaming", ignored=_STREAMING,
                                    group="periodic averaging")
-    eval_every: int = option(10, "evaluate every N steps (master: arrivals)", check=integer_check(1), type=int)
+    eval_every: int = option(0, "evaluate every N steps (master: arrivals); 0: each time every worker has trained "
+                                "on as many rows as the test set holds, or each tenth of the run if sooner",
+                             check=integer_check(0), type=int)
     checkpoint_every: int = option(0, "checkpoint every N steps (0: never)", check=integer_check(0), type=int)
     telemetry: bool = option(True, "record spans for the timeline (--no-telemetry: counters only)", check=boolean_check)
     synthetic_samples: int = option(4000, "samples of the synthetic dataset", check=integer_check(20), flag=None)

@@ -142,6 +142,11 @@ class PeriodicAlgorithm(SyncAlgorithm):
         warm = cfg.warmup_steps
         return done > warm and ((done - warm) % cfg.sync_every == 0 or done == self.ctx.steps)
 
+    def stop_point(self, done: int) -> bool:
+        """During the warm-up every :data:`STOP_EVERY` steps; after it, only where the workers sync
+        (between syncs they run free: no collective there)."""
+        return super().stop_point(done) if done <= self.ctx.cfg.warmup_steps else self.sync_due(done)
+
     def step(self, step: int) -> None:
         if step < self.ctx.cfg.warmup_steps:
             self.warmup_step(step)

@@ -110,6 +110,9 @@ class _Background:
 class SyncAlgorithm:
     """Shared loop: resume, steps, evaluation on rank 0, checkpoints, final weights."""
 
+    #: steps between two stop points, where the ranks agree whether the run was cancelled
+    STOP_EVERY = 10
+
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self.velocity = torch.zeros_like(ctx.flat.data)
@@ -132,6 +135,11 @@ class SyncAlgorithm:
     def step(self, step: int) -> None:
         raise NotImplementedError
 
+    def stop_point(self, done: int) -> bool:
+        """Whether the ranks agree after step ``done`` whether to stop (a collective: the same answer on
+        every rank): every :data:`STOP_EVERY` steps, whatever ``eval_every`` is."""
+        return done % self.STOP_EVERY == 0
+
     def run(self, resume_dir=None) -> torch.Tensor:
         ctx, cfg = self.ctx, self.ctx.cfg
         if resume_dir is not None:
@@ -145,9 +153,9 @@ class SyncAlgorithm:
                 with ctx.span("checkpoint", "io", step=done):
                     checkpoint.save(ctx.out_dir, done, self.state(done), ctx.comm)
             # cancellation: every rank must leave at the same step, so rank 0 decides and
-            # broadcasts (a 1-byte Bcast every eval_every steps)
-            if done % cfg.eval_every == 0 and done < ctx.steps and ctx.agree_to_stop():
-                ctx.cancelled, ctx.steps_completed = True, done  # rank 0 evaluated at this step
+            # broadcasts (a 1-byte Bcast at each stop point)
+            if self.stop_point(done) and done < ctx.steps and ctx.agree_to_stop():
+                ctx.cancelled, ctx.steps_completed = True, done
                 break
         return self.final_weights()
 
