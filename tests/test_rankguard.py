@@ -45,6 +45,14 @@ def _end_record(status_dir: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def _ended(process: psutil.Process) -> bool:
+    """``process`` is gone or a zombie."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def _wait_for_state(pid: int, state: str) -> None:
     _until(lambda: psutil.Process(pid).status() == state, f"process {pid} is not {state}", step=0.01)
 
@@ -175,7 +183,7 @@ def test_a_killed_rank_is_named_when_another_aborts_before_its_guard_sees_it(tmp
             _wait_for_state(guard.pid, psutil.STATUS_STOPPED)
             victim.kill()
             (tmp_path / "go").touch()
-            _until(lambda: not other.is_running() or other.status() == psutil.STATUS_ZOMBIE, "rank 0 did not abort")
+            _until(lambda: _ended(other), "rank 0 did not abort")
             time.sleep(0.5)  # hydra kills what it started
         finally:
             guard.resume()
