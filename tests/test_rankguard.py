@@ -138,6 +138,20 @@ def test_a_rank_killed_by_a_signal_is_named_before_one_that_aborted_and_exited_f
     assert str(failure(2, result, starts, [stopped])).startswith("rank 0 on node vm (pid 100) raised an exception "
                                                                  "and called MPI_Abort with code 143")
 
+
+def test_the_first_cause_is_a_killed_rank_unless_the_launcher_kills_every_task_on_an_abort():
+    """The choice both the CLI's errors and a notebook's dead engines take: a consequence (a rank its
+    guard ended) is never the cause; a signal before an earlier exit, except under srun."""
+    from workbench.runtime.launch.blame import first_cause
+    exited = {"rank": 0, "exit_code": 143, "time": 1.0}
+    killed = {"rank": 1, "signal": 9, "time": 2.0}
+    stopped = {"rank": 2, "signal": 9, "launcher_stopped": 7, "time": 0.5}
+    orphaned = {"rank": 3, "signal": 15, "launcher_died": 7, "time": 0.4}
+    assert first_cause([orphaned, stopped, exited, killed]) is killed
+    assert first_cause([orphaned, stopped, exited, killed], abort_kills_all=True) is exited
+    assert first_cause([orphaned, stopped, exited]) is exited
+    assert first_cause([orphaned, stopped, {"rank": 4, "exit_code": 0, "time": 0.1}]) is None
+
 #: rank 0 calls MPI_Abort once the file ``go`` exists; rank 1 sleeps (both say they are ready)
 ABORT_ON_GO = """
 import os, sys, time

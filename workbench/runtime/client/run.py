@@ -31,7 +31,7 @@ import zmq
 from ...config import RunConfig
 from ...results import LiveSource, RunObserver, RunResult, history_frame
 from ..rundir import CANCEL_FILE, make_run_dir, run_id_for, runs_root
-from ..launch.blame import who_is
+from ..launch.blame import first_cause, who_is
 from ..rank.sink import engine_train
 from ..stream import MAX_MESSAGE_BYTES, new_secret, verify
 from .run_state import RunState
@@ -305,6 +305,7 @@ class Run(LiveSource):
         if self._killed:
             return None
         exits = [e for e in self.cluster.exits() if not e.get("launcher_stopped")]  # killed as its job ended
+        first = first_cause(exits, abort_kills_all=self.cluster.engines == "slurm") or (exits[0] if exits else None)
         failed = self.cluster.failed_nodes()
         if failed:  # the batch system lost a node: that, not the ranks it then killed, is the cause
             on = {r: h for r, h in self.cluster.hosts.items() if h in failed}
@@ -313,8 +314,7 @@ class Run(LiveSource):
                                                               "ran there" if node in on.values() else "")
                              for node, why in failed.items())
             text += "; the batch system ended the engines' job, and with it the other ranks."
-        elif exits:
-            first = exits[0]
+        elif first is not None:
             rank = first["rank"]
             text = (f"{who_is(rank, first['host'], first['pid'])} {first['how']}: its engine died "
                     "(killed from outside Python, out of memory, or a crash in C); MPI then stopped the "

@@ -127,12 +127,26 @@ _SRUN_BAD = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (?:Exited wi
 _HYDRA_SIGNAL = re.compile(r"KILLED BY SIGNAL: (\d+)|\(signal (\d+)\)")
 
 
-def _first_death(result: MPIResult, starts: dict[int, dict], ends: list[dict]) -> dict | None:
-    """The record of the rank that ended badly first: from the guards, else (ranks on hosts that
-    could not write to this host's folder) from hydra's report when its PID is a known rank."""
-    bad = [e for e in ends if (e.get("signal") or e.get("exit_code")) and not _consequence(e)]
-    if bad:
-        return bad[0]
+def first_cause(ends: list[dict], abort_kills_all: bool = False) -> dict | None:
+    """Of the guards' end records (first first, :func:`rank_records`), the rank whose end caused the
+    others': a rank ended by its guard (its launcher died, or ended the job) is a consequence; a rank
+    killed by a signal comes before one that exited, whose exit is MPI_Abort's (MPICH aborts when it
+    sees a peer's link break) and may be recorded first (each guard records when it saw its rank end).
+    ``abort_kills_all``: the launcher SIGKILLs every task at once on MPI_Abort (srun), so a signal says
+    nothing there and the first end is taken. None when no rank ended badly by itself."""
+    causes = [e for e in ends if (e.get("signal") or e.get("exit_code")) and not _consequence(e)]
+    killed = [] if abort_kills_all else [e for e in causes if e.get("signal")]
+    return (killed or causes or [None])[0]
+
+
+def _first_death(result: MPIResult, starts: dict[int, dict], ends: list[dict],
+                 abort_kills_all: bool = False) -> dict | None:
+    """The record of the rank that ended badly first: from the guards (:func:`first_cause`), else
+    (ranks on hosts that could not write to this host's folder) from hydra's report when its PID is a
+    known rank."""
+    first = first_cause(ends, abort_kills_all)
+    if first is not None:
+        return first
     m = _SRUN_BAD.search(result.output)  # srun's report: its first line names the first task that ended badly
     if m and int(m.group(2)) not in {e.get("rank") for e in ends}:
         host, rank = m.group(1), int(m.group(2))
@@ -165,17 +179,6 @@ def _consequence(record: dict) -> bool:
     return bool(record.get("launcher_died") or record.get("launcher_stopped"))
 
 
-def _killed_before_abort(first: dict | None, ends: list[dict], aborted: set[tuple[int, int]]) -> dict | None:
-    """When the first recorded end is a rank that called MPI_Abort and exited, and another rank was
-    killed by a signal (not by its guard): that rank, whose death the aborting rank's MPI saw (a
-    broken connection, a peer's memory gone). Each guard records when it saw its rank end, and the
-    killed rank's guard can see it after the other rank aborted; else ``first``."""
-    if first is None or first.get("signal") or first.get("rank") not in {rank for rank, _ in aborted}:
-        return first
-    killed = [e for e in ends if e.get("signal") and not _consequence(e)]
-    return killed[0] if killed else first
-
-
 def _signal_number(description: str) -> int | None:
     """The signal whose ``strsignal`` is ``description`` (srun writes "Killed", "Terminated")."""
     import signal
@@ -201,7 +204,7 @@ def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[
         return MPILaunchError(f"node {node} failed (srun: Node failure on {node}){on}; {head} (Slurm ended the job "
                               f"step, and with it the other ranks)\n{tail(result.output, 20)}", ranks, result.output)
     traced = failed_ranks(result)
-    first = _first_death(result, starts, ends)
+    first = _first_death(result, starts, ends, abort_kills_all)
     # a rank that called MPI_Abort (mpi4py does on an uncaught exception) takes the others
     # down with it (hydra kills the fronts, the guards kill their ranks): MPICH's own line names it
     aborted = {(int(m.group(2)), int(m.group(1))) for r in traced
@@ -209,8 +212,6 @@ def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[
     if (abort_kills_all and len(aborted) == 1 and first is not None and first.get("signal") == 9
             and all(e.get("signal") == 9 for e in ends if e.get("signal") or e.get("exit_code"))):
         first = None
-    elif not abort_kills_all:
-        first = _killed_before_abort(first, ends, aborted)
     # a guard that noted its launcher's death but vanished before recording its rank's end was killed
     # with it (its node's processes were killed): not a launcher that died under live guards
     orphaned = [e for e in ends if e.get("launcher_died")
