@@ -74,7 +74,8 @@ def run_all(args, seeds: list[int], vc=None) -> dict[str, list[dict]]:
             for name in ALGORITHMS:
                 ranks = training_ranks(name, args.nodes) if vc is not None else args.ranks
                 cfg = RunConfig(algorithm=name, ranks=ranks, model=args.model, dataset=args.dataset,
-                                batch_size=args.batch, epochs=args.epochs, seed=seed)
+                                batch_size=args.batch, epochs=args.epochs, seed=seed,
+                                eval_every=10)  # the time to the target is read at the evaluation points
                 run_dir = Path(tmp) / f"{name}-{seed}"
                 s = train(cfg, run_dir, vcluster=vc, ppn=1) if vc is not None else train(cfg, run_dir)
                 results[name].append({"seed": seed, "ranks": ranks, "time_to_target": time_to_accuracy(run_dir, args.target),
