@@ -132,9 +132,14 @@ def test_a_rank_killed_by_a_signal_is_named_before_one_that_aborted_and_exited_f
     error = failure(2, result, starts, [aborted, killed])
     assert str(error).startswith("rank 1 on node vm (pid 101) was killed by signal 9 (SIGKILL)"), str(error)
     assert error.failed_ranks == [1]
+    crashed = {**killed, "signal": 11, "rank": 0, "pid": 100, "time": 5.0}  # a crash in its own MPI_Abort
+    error = failure(2, result, starts, [crashed, killed])
+    assert str(error).startswith("rank 1 on node vm (pid 101) was killed by signal 9 (SIGKILL)"), str(error)
     stopped = {**killed, "launcher_stopped": 90}
-    assert str(failure(2, result, starts, [aborted, stopped])).startswith("rank 0 on node vm (pid 100) exited with "
-                                                                          "code 143"), str(failure(2, result, starts, [aborted, stopped]))
+    for ends in ([aborted, stopped], [crashed, stopped]):  # the rank that aborted is named with its abort
+        error = failure(2, result, starts, ends)
+        assert str(error).startswith("rank 0 on node vm (pid 100) raised an exception and called MPI_Abort with "
+                                     "code 143"), str(error)
     assert str(failure(2, result, starts, [stopped])).startswith("rank 0 on node vm (pid 100) raised an exception "
                                                                  "and called MPI_Abort with code 143")
 
@@ -150,6 +155,8 @@ def test_the_first_cause_is_a_killed_rank_unless_the_launcher_kills_every_task_o
     assert first_cause([orphaned, stopped, exited, killed]) is killed
     assert first_cause([orphaned, stopped, exited, killed], abort_kills_all=True) is exited
     assert first_cause([orphaned, stopped, exited]) is exited
+    crashed = {"rank": 5, "signal": 11, "time": 1.5}  # it called MPI_Abort, then crashed
+    assert first_cause([crashed, killed], aborted={5}) is killed and first_cause([crashed, killed]) is crashed
     assert first_cause([orphaned, stopped, {"rank": 4, "exit_code": 0, "time": 0.1}]) is None
 
 #: rank 0 calls MPI_Abort once the file ``go`` exists; rank 1 sleeps (both say they are ready)

@@ -127,24 +127,25 @@ _SRUN_BAD = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (?:Exited wi
 _HYDRA_SIGNAL = re.compile(r"KILLED BY SIGNAL: (\d+)|\(signal (\d+)\)")
 
 
-def first_cause(ends: list[dict], abort_kills_all: bool = False) -> dict | None:
+def first_cause(ends: list[dict], abort_kills_all: bool = False, aborted: set[int] = frozenset()) -> dict | None:
     """Of the guards' end records (first first, :func:`rank_records`), the rank whose end caused the
     others': a rank ended by its guard (its launcher died, or ended the job) is a consequence; a rank
-    killed by a signal comes before one that exited, whose exit is MPI_Abort's (MPICH aborts when it
-    sees a peer's link break) and may be recorded first (each guard records when it saw its rank end).
+    killed by a signal comes before one that exited or that called MPI_Abort (``aborted``: however its
+    process ended after that, a crash in the abort included), which MPICH does when it sees a peer's
+    link break, and which may be recorded first (each guard records when it saw its rank end).
     ``abort_kills_all``: the launcher SIGKILLs every task at once on MPI_Abort (srun), so a signal says
     nothing there and the first end is taken. None when no rank ended badly by itself."""
     causes = [e for e in ends if (e.get("signal") or e.get("exit_code")) and not _consequence(e)]
-    killed = [] if abort_kills_all else [e for e in causes if e.get("signal")]
+    killed = [] if abort_kills_all else [e for e in causes if e.get("signal") and e.get("rank") not in aborted]
     return (killed or causes or [None])[0]
 
 
 def _first_death(result: MPIResult, starts: dict[int, dict], ends: list[dict],
-                 abort_kills_all: bool = False) -> dict | None:
+                 abort_kills_all: bool = False, aborted: set[int] = frozenset()) -> dict | None:
     """The record of the rank that ended badly first: from the guards (:func:`first_cause`), else
     (ranks on hosts that could not write to this host's folder) from hydra's report when its PID is a
     known rank."""
-    first = first_cause(ends, abort_kills_all)
+    first = first_cause(ends, abort_kills_all, aborted)
     if first is not None:
         return first
     m = _SRUN_BAD.search(result.output)  # srun's report: its first line names the first task that ended badly
@@ -204,11 +205,12 @@ def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[
         return MPILaunchError(f"node {node} failed (srun: Node failure on {node}){on}; {head} (Slurm ended the job "
                               f"step, and with it the other ranks)\n{tail(result.output, 20)}", ranks, result.output)
     traced = failed_ranks(result)
-    first = _first_death(result, starts, ends, abort_kills_all)
     # a rank that called MPI_Abort (mpi4py does on an uncaught exception) takes the others
     # down with it (hydra kills the fronts, the guards kill their ranks): MPICH's own line names it
     aborted = {(int(m.group(2)), int(m.group(1))) for r in traced
                for m in [_MPICH_ABORT.search(result.ranks.get(r, ""))] if m}
+    codes = dict(aborted)  # rank -> its MPI_Abort code
+    first = _first_death(result, starts, ends, abort_kills_all, set(codes))
     if (abort_kills_all and len(aborted) == 1 and first is not None and first.get("signal") == 9
             and all(e.get("signal") == 9 for e in ends if e.get("signal") or e.get("exit_code"))):
         first = None
@@ -230,6 +232,8 @@ def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[
         return MPILaunchError(f"{head}: {who}\n{detail}", traced, result.output)
     rank = first["rank"]
     blame = f"{who_is(rank, first.get('host'), first.get('pid'))} {describe_end(first)}"
+    if rank in codes:  # how its process ended after MPI_Abort (a crash in the abort, a kill) says nothing
+        blame = f"{who_is(rank, first.get('host'), first.get('pid'))} raised an exception and called MPI_Abort with code {codes[rank]}"
     if rank in traced:  # it raised: its traceback says why
         return MPILaunchError(f"{blame}: {head}: rank(s) {rank} failed\n{_traceback_of(result, rank)}",
                               [rank], result.output)
