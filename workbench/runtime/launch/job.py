@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 from ..processes import alive, stop_processes
+from .blame import rank_records
 from .heartbeat import Listener
 from .signals import handling_signals
 
@@ -182,15 +183,9 @@ class Job:
         record its rank's end, which may come after: a killed rank whose guard woke late.)"""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            waiting = []
-            for path in self.status_dir.glob("rank*.start"):
-                try:
-                    guard = json.loads(path.read_text()).get("guard_pid")
-                except (OSError, ValueError):
-                    continue
-                if guard in self._known and alive(self._known[guard]) and not path.with_suffix(".status").exists():
-                    waiting.append(guard)
-            if not waiting:
+            starts, _ = rank_records(self.status_dir)
+            if not any(s.get("guard_pid") in self._known and alive(self._known[s["guard_pid"]])
+                       and not (self.status_dir / f"rank{r}.status").exists() for r, s in starts.items()):
                 return
             time.sleep(self.POLL)
 

@@ -87,14 +87,21 @@ def _write(path: str, record: dict) -> None:
 
 
 def _die_with_parent(parent: int) -> None:
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux
-        return
-    if os.getppid() != parent:  # the guard died before prctl: do not run unguarded
+    if _pdeathsig(signal.SIGKILL) and os.getppid() != parent:  # the guard died before prctl: do not run unguarded
         os._exit(1)
+
+
+def _pass_signals_to(pid: int):
+    """Pass the :data:`FORWARDED` signals this process gets on to ``pid``; the handler."""
+    def forward(signum, frame):
+        try:
+            os.kill(pid, signum)
+        except OSError:  # it has just ended
+            pass
+
+    for sig in FORWARDED:
+        signal.signal(sig, forward)
+    return forward
 
 
 def _first_to_know() -> None:
@@ -244,11 +251,7 @@ def _front(guard: int, launcher: int) -> None:
     the launcher dies (``PR_SET_PDEATHSIG``) it tells the guard (:data:`LAUNCHER_SIGNAL`) and ends.
     Killed (hydra answering an ``MPI_Abort`` elsewhere kills its children's process groups), it leaves
     the guard, in its own session, alive to record its rank's end."""
-    def forward(signum, frame):
-        try:
-            os.kill(guard, signum)
-        except OSError:  # it has just ended
-            pass
+    forward = _pass_signals_to(guard)
 
     def launcher_died(signum=None, frame=None):
         if os.getppid() == launcher:  # a thread of the launcher ended (slurmstepd), not the launcher
@@ -256,8 +259,6 @@ def _front(guard: int, launcher: int) -> None:
         forward(LAUNCHER_SIGNAL, None)
         os.kill(os.getpid(), signal.SIGKILL)
 
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
     if LAUNCHER_SIGNAL is not None:
         signal.signal(LAUNCHER_SIGNAL, launcher_died)
         if _pdeathsig(LAUNCHER_SIGNAL):
@@ -288,15 +289,7 @@ def _guard(status_dir: str, program: list[str], output_dir: str | None, front: i
             print(f"rank {rank}: cannot run {program[0]}: {exc}", file=sys.stderr, flush=True)
             os._exit(127)
     _first_to_know()   # after the fork: the rank keeps the launcher's priority
-
-    def forward(signum, frame):
-        try:
-            os.kill(pid, signum)
-        except OSError:  # it has just ended
-            pass
-
-    for sig in FORWARDED:
-        signal.signal(sig, forward)
+    _pass_signals_to(pid)
     base = {"rank": int(rank) if rank.isdigit() else rank, "pid": pid, "guard_pid": guard, "front_pid": front,
             "host": host}
     if os.environ.get("SLURM_STEP_ID"):  # a task of srun: its job step, which the launcher can cancel
