@@ -8,7 +8,8 @@ export PATH := $(abspath $(BIN)):$(PATH)
 export OMP_NUM_THREADS := 1
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: venv demo compare test chromium slurm netns datasets slurm-up slurm-down test-fast lab bench clean
+PHONY_DEBS := datasets netns chromium slurm
+.PHONY: venv demo compare test $(PHONY_DEBS) slurm-up slurm-down test-fast lab bench clean
 
 venv: $(STAMP)
 
@@ -22,13 +23,17 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/mpiexec
 	touch $(STAMP)
 
-# The main job: the quickstart notebook executed headless (a cluster of 4 MPI engines, Sync EASGD
-# with the live dashboard, then original EASGD beside Sync EASGD on the 1.1M-parameter MLP); the
-# executed notebook and an HTML report (plotly.js once, no widget state: about 5 MB each) and the
-# runs stay under data/runs/.
+# The main job: the quickstart notebook executed headless on a virtual cluster of 4 nodes (one MPI
+# engine each; on this host where one cannot be made): Sync EASGD on Fashion-MNIST with the live
+# dashboard, then original EASGD beside Sync EASGD on LeNet-5; the executed notebook, an HTML report
+# (plotly.js once, no widget state: about 5 MB) and the runs stay under data/runs/.
+# Where the packages cannot be installed (not root, no password-less sudo) it says so in one line and
+# goes on: without a virtual cluster, and with DEMO_ARGS='--dataset idx:FOLDER' for a copy of the data.
 # `make compare` is the batch form: Sync EASGD against the original EASGD under mpiexec.
 demo: venv
-	$(BIN)/python -m workbench.demo
+	@$(SYSPKGS) --for "make demo" --optional "it needs DEMO_ARGS='--dataset idx:FOLDER' then" $(DEBS_DATA)
+	@$(SYSPKGS) --for "make demo" --optional "going on without a virtual cluster" $(DEBS_NETNS)
+	$(BIN)/python -m workbench.demo $(DEMO_ARGS)
 
 compare: venv
 	$(BIN)/workbench compare --algorithms sync-easgd,easgd --ranks 4
@@ -38,49 +43,49 @@ compare: venv
 test: venv chromium slurm netns datasets
 	$(BIN)/python -m pytest -q tests notebooks --nbval-lax --nbval-cell-timeout=600
 
-# The browser test drives Debian's chromium (never `playwright install`): installed with apt-get
-# when missing (as root, or with sudo when it is available without a password).
-chromium:
-	@test -x /usr/bin/chromium || { \
-		SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \
-		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q chromium; }
+# Debian packages: every target installs those it uses before it runs anything (apt-get as root, or
+# sudo -n; where neither works, one line names them). workbench/syspkgs.py says what each is for and
+# installs them with the system Python; tests/test_syspkgs.py checks that each target installs what it runs uses.
+SYSPKGS      := $(PYTHON) workbench/syspkgs.py install
+DEBS_DATA    := dataset-fashion-mnist
+DEBS_NETNS   := iproute2 util-linux
+DEBS_BROWSER := chromium
+DEBS_SLURM   := slurmctld slurmd slurm-client munge
 
-# The Slurm tests bring up a private single-node Slurm (tests/slurm_fixture.py): Debian's daemons,
-# installed with apt-get when missing (as root, or with sudo when it is available without a password).
-slurm:
-	@test -x /usr/sbin/slurmctld -a -x /usr/sbin/slurmd -a -x /usr/sbin/munged -a -x /usr/bin/srun || { \
-		SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \
-		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q slurmctld slurmd slurm-client munge; }
-
-# Fashion-MNIST (dataset="fashion-mnist"): Debian's dataset-fashion-mnist, the four IDX gzip files under
-# /usr/share/datasets/fashion-mnist/ (30 MB), installed with apt-get when missing; never downloaded at run time.
+# Fashion-MNIST (dataset="fashion-mnist"): the four IDX gzip files under /usr/share/datasets/fashion-mnist/ (30 MB);
+# never downloaded at run time.
 datasets:
-	@test -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz || { \
-		SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \
-		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q dataset-fashion-mnist; }
+	@$(SYSPKGS) --for "make $(or $(MAKECMDGOALS),datasets)" $(DEBS_DATA)
 
-# The virtual-cluster tests build namespaced nodes with iproute2 (ip, tc) and util-linux (nsenter,
-# unshare, setpriv), installed with apt-get when missing.
+# The virtual cluster's namespaced nodes: iproute2 (ip, tc) and util-linux (nsenter, unshare, setpriv).
 netns:
-	@test -x /usr/sbin/ip -a -x /usr/sbin/tc -a -x /usr/bin/nsenter -a -x /usr/bin/unshare -a -x /usr/bin/setpriv || { \
-		SUDO=$$( [ "$$(id -u)" = 0 ] || echo "sudo -n" ); \
-		$$SUDO apt-get update -q && $$SUDO apt-get install -y -q iproute2 util-linux; }
+	@$(SYSPKGS) --for "make $(or $(MAKECMDGOALS),netns)" $(DEBS_NETNS)
+
+# The browser test drives Debian's chromium (never `playwright install`).
+chromium:
+	@$(SYSPKGS) --for "make $(or $(MAKECMDGOALS),chromium)" $(DEBS_BROWSER)
+
+# The Slurm tests bring up a private single-node Slurm (tests/slurm_fixture.py) with Debian's daemons.
+slurm:
+	@$(SYSPKGS) --for "make $(or $(MAKECMDGOALS),slurm)" $(DEBS_SLURM)
 
 # A private Slurm for developers (own munged, slurmctld and slurmd on 127.0.0.1, under
 # $TMPDIR/workbench-slurm, default /tmp): `make slurm-up` prints the `export SLURM_CONF=...` line to
 # paste and keeps running until Ctrl-C; `make slurm-down` stops it from another shell.
 SLURM_ROOT ?= $(or $(TMPDIR),/tmp)/workbench-slurm
-slurm-up: venv slurm
+slurm-up: venv slurm netns
 	$(BIN)/python -m workbench.runtime.launch.slurm_local up --root $(SLURM_ROOT)
 
 slurm-down: venv
 	$(BIN)/python -m workbench.runtime.launch.slurm_local down --root $(SLURM_ROOT)
 
-test-fast: venv
+test-fast: venv datasets netns slurm
 	$(BIN)/python -m pytest -q -m "not mpi and not slurm"
 
 # Runs and the store stay under the repository's data/, whichever directory a notebook runs in.
 lab: venv
+	@$(SYSPKGS) --for "make lab" --optional "notebooks 01, 07 and 08 need it" $(DEBS_DATA)
+	@$(SYSPKGS) --for "make lab" --optional "notebooks 07 and 08 need a virtual cluster" $(DEBS_NETNS)
 	WORKBENCH_RUNS=$(abspath data/runs) WORKBENCH_STORE=$(abspath data/workbench.sqlite) \
 		$(BIN)/jupyter lab --ip=127.0.0.1 --no-browser $(if $(filter 0,$(shell id -u)),--allow-root,) notebooks/
 

@@ -60,7 +60,7 @@ def test_bad_idx_folders_are_one_line_errors_naming_the_file(tiny, tmp_path):
 def test_a_missing_fashion_mnist_says_how_to_install_it(monkeypatch, tmp_path):
     monkeypatch.setattr(data, "FASHION_MNIST", tmp_path / "absent")
     with pytest.raises(ValueError, match=r"install Debian's dataset-fashion-mnist \(apt-get install "
-                                         r"dataset-fashion-mnist; `make test` does\)"):
+                                         r"dataset-fashion-mnist; `make demo` and `make test` install"):
         data.describe("fashion-mnist")
 
 

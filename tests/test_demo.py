@@ -78,3 +78,27 @@ def test_a_virtual_cluster_that_cannot_be_made_is_one_line_and_no_cluster():
     from workbench.demo import virtual_cluster
     vc, why = virtual_cluster("fast")  # not a rate: refused before anything is made
     assert vc is None and why.startswith("PlanError: ") and "bandwidth" in why and "\n" not in why
+
+
+def test_a_data_set_that_is_not_here_stops_the_demo_in_one_line_before_anything_starts(tmp_path):
+    """Where Fashion-MNIST is missing and cannot be installed, ``make demo`` names the fix at once (it
+    used to fail 51 s in, at the notebook's first cell); ``--dataset idx:FOLDER`` points it at a copy."""
+    import subprocess
+    import sys
+    import time
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "workbench.demo", "--dataset", f"idx:{tmp_path / 'absent'}",
+                          "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("workbench.demo: dataset ")
+    assert str(tmp_path / "absent") in out.stderr and "--dataset idx:FOLDER" in out.stderr
+    assert "virtual cluster" not in out.stdout and "executing" not in out.stdout  # nothing started
+    assert not (tmp_path / "out").exists()
+    assert time.monotonic() - started < 60
+
+
+def test_the_demo_reads_the_notebooks_data_set():
+    from workbench.demo import parameter
+    notebook = nbformat.read("notebooks/01_quickstart.ipynb", as_version=4)
+    assert parameter(notebook, "DATASET") == "fashion-mnist" and parameter(notebook, "RANKS") == 4
+    assert parameter(notebook, "NO_SUCH_NAME") is None

@@ -13,7 +13,7 @@ Both files are made fit to keep (:func:`slim`): the live dashboard's widget stat
 static figures show the same data) and plotly.js is embedded once. The report is then about
 plotly.js's size (5 MB) instead of 20 MB.
 
-    python -m workbench.demo [--notebook PATH] [--out DIR] [--full] [--link RATE | --no-vcluster]
+    python -m workbench.demo [--notebook PATH] [--out DIR] [--full] [--dataset NAME] [--link RATE | --no-vcluster]
 """
 from __future__ import annotations
 
@@ -113,6 +113,31 @@ def set_parameters(notebook, **values) -> None:
         cell.source = "\n".join(lines)
 
 
+def parameter(notebook, name: str):
+    """The value of ``NAME = value`` in the notebook's ``parameters`` cell (a Python literal), or None."""
+    import ast
+    for cell in notebook.cells:
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            for node in ast.parse(cell.source).body:
+                if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+                    try:
+                        return ast.literal_eval(node.value)
+                    except ValueError:
+                        return None
+    return None
+
+
+def check_dataset(name: str) -> str | None:
+    """None if the data set ``name`` can be read here, else why not in one line (before anything starts)."""
+    from .data import describe
+    try:
+        describe(name)
+    except (ValueError, OSError) as exc:
+        return (f"{str(exc).strip().splitlines()[0]}; or give the demo a copy of it: "
+                "make demo DEMO_ARGS='--dataset idx:FOLDER' (a folder of its four IDX files)")
+    return None
+
+
 def _megabytes(path: Path) -> str:
     return f"{path.stat().st_size / 1e6:.1f} MB"
 
@@ -129,15 +154,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notebook", default="notebooks/01_quickstart.ipynb")
     parser.add_argument("--out", help="output directory (default data/runs/demo-<time>)")
     parser.add_argument("--full", action="store_true", help="QUICK = False: the longer run")
+    parser.add_argument("--dataset", help="the notebook's DATASET (default its own: fashion-mnist); idx:FOLDER "
+                                          "for a copy of Fashion-MNIST's four IDX files in FOLDER")
     parser.add_argument("--link", default="100mbit", help="link rate of the virtual cluster (default 100mbit)")
     parser.add_argument("--no-vcluster", dest="vcluster", action="store_false",
                         help="train on this host (shared memory), no virtual cluster")
     args = parser.parse_args(argv)
     out = Path(args.out or runs_root() / f"demo-{datetime.now():%Y%m%d-%H%M%S}")
-    out.mkdir(parents=True, exist_ok=True)
     notebook = nbformat.read(args.notebook, as_version=4)
     if args.full:
         set_parameters(notebook, QUICK=False)
+    if args.dataset:
+        set_parameters(notebook, DATASET=args.dataset)
+    dataset = parameter(notebook, "DATASET")
+    why_not = check_dataset(dataset) if isinstance(dataset, str) else None
+    if why_not:
+        print(f"workbench.demo: {why_not}", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
     started = time.time()
     vc, why = virtual_cluster(args.link) if args.vcluster else (None, "--no-vcluster")
     if vc is not None:

@@ -5,6 +5,8 @@ import os
 import shutil
 import subprocess
 
+from ..syspkgs import advice
+
 
 class VirtualClusterError(RuntimeError):
     """A virtual cluster could not be built, entered or removed; the message says why, on one line."""
@@ -13,8 +15,8 @@ class VirtualClusterError(RuntimeError):
 def tool(name: str) -> str:
     found = shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin"]))
     if not found:
-        raise VirtualClusterError(f"{name} not found: install iproute2 and util-linux (apt-get install iproute2 "
-                                  "util-linux)")
+        raise VirtualClusterError(f"{name} not found: install iproute2 and util-linux "
+                                  f"({advice('iproute2', 'util-linux')})")
     return found
 
 

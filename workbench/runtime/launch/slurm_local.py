@@ -36,6 +36,7 @@ import psutil
 
 from workbench.runtime.launch.ports import free_port
 from workbench.runtime.processes import stop_processes
+from workbench.syspkgs import advice
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("srun", "sbatch", "squeue", "scancel", "sinfo")
@@ -166,8 +167,8 @@ class LocalSlurm:
         path = given or shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), *_SEARCH]))
         if not path or not os.path.isfile(path) or not os.access(path, os.X_OK):
             where = f"{given} is not an executable file" if given else "not on PATH or in /usr/sbin"
-            raise SlurmUnavailable(f"{name} not found: {where} (install Slurm and munge with `make "
-                                   "slurm`: apt-get install slurmctld slurmd slurm-client munge)")
+            raise SlurmUnavailable(f"{name} not found: {where} (install Slurm and munge: "
+                                   f"{advice('slurmctld', 'slurmd', 'slurm-client', 'munge')}; or `make slurm`)")
         return path
 
     def start(self, timeout: float = 60) -> "LocalSlurm":
