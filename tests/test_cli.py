@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -126,3 +127,66 @@ def test_predict_names_the_flag_for_a_collective_without_a_closed_form(capsys):
     err = capsys.readouterr().err
     assert "--simulate" in err and "Simulated" not in err
     assert err.count("\n") == 1  # one line
+
+
+def _file(path):
+    path.write_text("not a directory")
+    return path
+
+
+# An output file whose folder cannot be made, or a folder given for it: one line naming the option before
+# anything runs. Before: bench's rank 0 failed after the benchmark (a traceback and MPI_Abort), simulate and
+# predict raised a traceback after their work, plan said `[Errno 2] ...` without naming --json, and `vcluster
+# up --shared` raised a traceback from os.mkdir. (id, argv with {bad} for the path, {t} tmp_path)
+OUTPUT_FILES = [
+    ("bench-json", ["bench", "allreduce", "--ranks", "2", "--sizes", "4K", "--algorithms", "ring", "--no-gloo",
+                    "--repetitions", "1", "--warmup", "1", "--json", "{bad}"], "workbench bench allreduce: error: --json"),
+    ("simulate-json", ["simulate", "--topology", "ring:4", "--sizes", "4K", "--json", "{bad}"],
+     "workbench simulate: error: --json"),
+    ("predict-json", ["predict", "--ranks", "2", "--json", "{bad}"], "workbench predict: error: --json"),
+    ("plan-json", ["plan", "--model", "vgg16", "--batch", "32", "--gpus", "8", "--data-parallel", "--json", "{bad}"],
+     "workbench plan: error: --json"),
+    ("vcluster-shared", ["vcluster", "up", "wbt", "--nodes", "2", "--shared", "{bad}"],
+     "workbench vcluster up: error: --shared"),
+]
+#: (id, tmp_path -> the bad path, what the message says after the option)
+BAD_OUTPUTS = [
+    ("under-a-file", lambda t: f"{_file(t / 'f')}/out/x.json",
+     ": cannot create '{t}/f/out/x.json': '{t}/f' is a file, not a directory; give a "),
+    ("in-proc", lambda t: "/proc/wb-out/x.json",
+     ": cannot create '/proc/wb-out/x.json': nothing can be created in '/proc' (No such file or directory); give a "),
+]
+
+
+@pytest.mark.parametrize("bad,after", [b[1:] for b in BAD_OUTPUTS], ids=[b[0] for b in BAD_OUTPUTS])
+@pytest.mark.parametrize("argv,before", [o[1:] for o in OUTPUT_FILES], ids=[o[0] for o in OUTPUT_FILES])
+def test_an_output_path_that_cannot_be_written_is_one_line_before_anything_runs(argv, before, bad, after, tmp_path):
+    if "/proc/" in after and not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc here")
+    path = bad(tmp_path)
+    env = {**os.environ, "WORKBENCH_STATE_DIR": str(tmp_path / "state"),
+           "WORKBENCH_TUNING_CACHE": str(tmp_path / "tuning.json")}
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", *[a.format(bad=path) for a in argv]],
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path, env=env)
+    err = proc.stderr
+    assert proc.returncode == 2, err[-2000:]
+    assert err.strip().splitlines() == [err.strip()] and "Traceback" not in err, err[-2000:]  # one line
+    assert err.startswith(before + after.format(t=tmp_path)), err
+    assert proc.stdout == ""  # nothing ran: no table, no MPI job, no cluster
+    assert not (tmp_path / "state").exists() and not (tmp_path / "tuning.json").exists()
+
+
+@pytest.mark.parametrize("argv,before", [o[1:] for o in OUTPUT_FILES if o[0] != "vcluster-shared"],
+                         ids=[o[0] for o in OUTPUT_FILES if o[0] != "vcluster-shared"])
+def test_an_output_path_that_is_a_folder_is_one_line_naming_the_option(argv, before, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", *[a.format(bad=tmp_path) for a in argv]],
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path,
+                          env={**os.environ, "WORKBENCH_TUNING_CACHE": str(tmp_path / "tuning.json")})
+    assert proc.returncode == 2 and proc.stdout == "", proc.stderr[-2000:]
+    assert proc.stderr == f"{before}: {str(tmp_path)!r} is a directory; give a file path you can write\n"
+
+
+def test_simulate_json_creates_its_folder_as_predict_does(tmp_path):
+    out = tmp_path / "new" / "sub" / "sim.json"
+    assert main(["simulate", "--topology", "ring:4", "--sizes", "4K", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())[0]["bytes"] == 4096

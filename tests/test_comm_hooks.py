@@ -4,6 +4,7 @@ with the module on their path), and wrapped in wire precision like the built-in 
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 
 import pytest
@@ -33,6 +34,22 @@ def halving(state, bucket) -> Work:
 
 
 not_a_function = 3
+
+
+def takes_one(bucket):  # wrong: a hook takes (state, bucket)
+    return None
+
+
+def keyword_bucket(state, *, bucket):  # wrong: bucket must be positional
+    return None
+
+
+def with_defaults(state, bucket, scale=1.0):  # fine: the extra parameter has a default
+    return bucket.wire.allreduce(bucket.buffer, bucket.numel)
+
+
+def any_arguments(*args):  # fine
+    return None
 '''
 
 RANKS, TENSORS = 3, 4  # the digits MLP: two Linear layers, weight and bias each
@@ -46,6 +63,7 @@ def hook_engines(tmp_path_factory):
     (folder / "wb_user_hooks.py").write_text(USER_HOOKS)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])))
+        mp.syspath_prepend(str(folder))  # RunConfig finds and loads the hook here too, before the engines do
         mp.setenv("WB_HOOK_CALLS", str(folder))
         with private_cluster(folder) as cluster:
             yield trainer(cluster), folder
@@ -59,7 +77,8 @@ def user_hooks(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("WB_HOOK_CALLS", str(tmp_path))
     monkeypatch.setenv("WORKBENCH_TUNING_CACHE", str(tmp_path / "tuning.json"))
-    sys.modules.pop("wb_user_hooks", None)
+    for name in ("wb_user_hooks", "wb_raising_hooks"):
+        sys.modules.pop(name, None)
     return tmp_path
 
 
@@ -85,6 +104,50 @@ def test_the_module_is_found_not_imported_and_the_ranks_load_the_function(user_h
         load_hook("wb_user_hooks:missing")
     with pytest.raises(ValueError, match="has no function 'not_a_function'"):
         load_hook("wb_user_hooks:not_a_function")
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("os:system", "comm_hook 'os:system': os.system(command) cannot be called as hook(state, bucket) (too many "
+                  "positional arguments); give a function of two positional parameters: def hook(state, bucket) -> Work"),
+    ("wb_user_hooks:takes_one", "comm_hook 'wb_user_hooks:takes_one': wb_user_hooks.takes_one(bucket) cannot be "
+                                "called as hook(state, bucket)"),
+    ("wb_user_hooks:keyword_bucket", "comm_hook 'wb_user_hooks:keyword_bucket': wb_user_hooks.keyword_bucket(state, "
+                                     "*, bucket) cannot be called as hook(state, bucket)"),
+    ("wb_user_hooks:not_a_function", "comm_hook 'wb_user_hooks:not_a_function': wb_user_hooks has no function "
+                                     "'not_a_function'"),
+    ("wb_user_hooks:missing", "comm_hook 'wb_user_hooks:missing': wb_user_hooks has no function 'missing'"),
+    ("wb_raising_hooks:f", "comm_hook 'wb_raising_hooks:f': cannot import 'wb_raising_hooks': RuntimeError: "
+                           "import-time failure"),
+    # a builtin whose parameters cannot be read: refused, it cannot be shown to take (state, bucket)
+    ("builtins:max", "comm_hook 'builtins:max': the parameters of builtins.max cannot be read (a builtin?)"),
+])
+def test_a_hook_that_cannot_be_called_as_a_hook_is_refused_when_the_config_is_made(spec, message, user_hooks):
+    """Loaded once by RunConfig, as a module:function model is built once: the notebook's wb.RunConfig (and so
+    Cluster.train) refuses it before any engine runs it; before, every rank failed with a TypeError."""
+    (user_hooks / "wb_raising_hooks.py").write_text("raise RuntimeError('import-time failure')\n")
+    with pytest.raises(ConfigError) as info:
+        RunConfig(algorithm="sync-sgd", ranks=2, comm_hook=spec)
+    assert str(info.value).startswith(message) and "\n" not in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("name", ["counting", "with_defaults", "any_arguments"])
+def test_a_hook_that_takes_state_and_bucket_is_accepted(name, user_hooks):
+    assert RunConfig(algorithm="sync-sgd", ranks=2, comm_hook=f"wb_user_hooks:{name}").comm_hook
+
+
+def test_workbench_train_refuses_a_hook_with_the_wrong_signature_before_the_ranks_start(tmp_path):
+    """``--comm-hook os:system`` passed validation, started the ranks, and each failed with ``TypeError:
+    system() takes at most 1 argument (2 given)``."""
+    out, store = tmp_path / "run", tmp_path / "store.sqlite"
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", "train", "--algorithm", "sync-sgd", "--ranks", "2",
+                           "--epochs", "1", "--comm-hook", "os:system", "--out", str(out), "--store", str(store)],
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    err = proc.stderr
+    assert proc.returncode == 2, err[-2000:]
+    assert err == ("workbench train: error: --comm-hook 'os:system': os.system(command) cannot be called as "
+                   "hook(state, bucket) (too many positional arguments); give a function of two positional "
+                   "parameters: def hook(state, bucket) -> Work\n"), err[-2000:]
+    assert not out.exists() and not store.exists() and proc.stdout == ""  # no run folder, no store row, no run id
 
 
 def test_a_user_hook_does_not_combine_with_sparse_communication():

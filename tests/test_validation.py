@@ -21,6 +21,7 @@ import pytest
 
 from workbench.cli import main
 from workbench.config import ConfigError, RunConfig
+from workbench.data import IDX_FILES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,13 +50,39 @@ def _npz(path: Path, **changes) -> str:
 
 
 def _other_run(path: Path, **config) -> str:
-    """A run directory with a checkpoint manifest, as a finished sync run leaves it."""
+    """A run directory with a checkpoint (the manifest and every rank's file), as a finished sync run
+    leaves it."""
     path.mkdir()
     cfg = RunConfig(**{"algorithm": "sync-easgd", "ranks": 2, **config})
     (path / "config.json").write_text(cfg.to_json())
-    (path / "checkpoint").mkdir()
+    (path / "checkpoint" / "step-000040").mkdir(parents=True)
+    for rank in range(cfg.ranks):
+        (path / "checkpoint" / "step-000040" / f"rank{rank}.pt").write_bytes(b"")  # only looked for before launch
     (path / "checkpoint" / "latest.json").write_text(json.dumps({"step": 40, "ranks": cfg.ranks}))
     return str(path)
+
+
+def _idx_folder(path: Path, damage: str) -> str:
+    """``idx:FOLDER`` of a small MNIST-format set with one file damaged: ``gzip`` (the test labels are
+    not gzip), ``cut`` (the training labels' gzip stream ends early) or ``short`` (the raw training
+    images hold half the bytes their header says)."""
+    import gzip
+    path.mkdir()
+    shapes = {"X_train": (200, 4, 4), "y_train": (200,), "X_test": (10, 4, 4), "y_test": (10,)}  # shards of 50
+    for key, name in IDX_FILES.items():
+        shape = shapes[key]
+        payload = bytes([0, 0, 0x08, len(shape)]) + b"".join(n.to_bytes(4, "big") for n in shape)
+        payload += bytes(i % 3 for i in range(int(np.prod(shape))))
+        if key == "X_train":
+            (path / name).write_bytes(payload[:len(payload) - 1600] if damage == "short" else payload)
+            continue
+        packed = gzip.compress(payload)
+        if key == "y_test" and damage == "gzip":
+            packed = b"not gzip at all"
+        if key == "y_train" and damage == "cut":
+            packed = packed[:len(packed) // 2]
+        (path / (name + ".gz")).write_bytes(packed)
+    return f"idx:{path}"
 
 
 # (id, tmp_path -> RunConfig kwargs (also given to `workbench train` as options), message)
@@ -90,6 +117,13 @@ CASES = [
     ("npz-empty-test", lambda t: ({"dataset": _npz(t / "et.npz", X_test=np.zeros((0, 5)),
                                                    y_test=np.zeros(0, dtype=np.int64))}), "X_test is empty"),
     ("dataset-path-object", lambda t: ({"dataset": t / "x.npz"}), "dataset must be a string; got PosixPath"),
+    # an MNIST-format folder whose files cannot be read was a gzip traceback, or failed on the ranks
+    ("idx-not-gzip", lambda t: ({"dataset": _idx_folder(t / "idx", "gzip")}),
+     "dataset: cannot read '{t}/idx/t10k-labels-idx1-ubyte.gz': BadGzipFile: Not a gzipped file"),
+    ("idx-gzip-cut", lambda t: ({"dataset": _idx_folder(t / "idx", "cut")}),
+     "dataset: cannot read '{t}/idx/train-labels-idx1-ubyte.gz': EOFError: Compressed file ended"),
+    ("idx-raw-short", lambda t: ({"dataset": _idx_folder(t / "idx", "short")}),
+     "dataset: '{t}/idx/train-images-idx3-ubyte': 1600 bytes of data for shape (200, 4, 4) (cut short?)"),
     ("algorithm-list", lambda t: ({"algorithm": ["sync-sgd"]}), "algorithm must be a string; got list"),
     ("fail-rank-bool", lambda t: ({"fail_rank": True, "fail_step": 3}), "fail_rank must be a rank in 0..3"),
     ("seed-negative", lambda t: ({"seed": -1}), "seed must be an integer"),
@@ -164,6 +198,10 @@ CLI_CASES = [
     ("resume-no-config", lambda t: ["--ranks", "2", "--resume", _without(_other_run(t / "r"), "config.json")],
      "--resume: {t}/r has no config.json"),
     ("resume-empty", lambda t: ["--resume", str(_mkdir(t / "empty"))], "empty has no config.json"),
+    ("resume-incomplete", lambda t: ["--ranks", "2", "--resume",
+                                     _without(_other_run(t / "r"), "checkpoint/step-000040/rank1.pt")],
+     "--resume: {t}/r has an incomplete checkpoint: checkpoint/step-000040/rank1.pt is missing (checkpoint/"
+     "latest.json names step 40 of 2 ranks); resume from a run whose checkpoint is whole"),
     ("out-holds-a-run", lambda t: ["--ranks", "2", "--out", _other_run(t / "done")], "already holds a run"),
     ("timeout-zero", lambda t: ["--timeout", "0"], "argument --timeout: must be a finite number of seconds > 0"),
     ("timeout-negative", lambda t: ["--timeout", "-5"], "argument --timeout: must be a finite number"),
@@ -233,7 +271,7 @@ def test_bad_run_config_values_are_config_errors(build, message, user_modules):
     kwargs = build(user_modules)
     with pytest.raises(ConfigError) as info:
         RunConfig(**kwargs)
-    assert message in str(info.value) and "\n" not in str(info.value)
+    assert message.format(t=user_modules) in str(info.value) and "\n" not in str(info.value)
 
 
 @pytest.mark.parametrize("build,message", [c[1:] for c in CASES if c[0] not in _PYTHON_ONLY],
@@ -244,6 +282,7 @@ def test_bad_values_stop_workbench_train_before_launch(build, message, user_modu
     code, err = _train(argv, capsys)
     assert code == 2 and launches == []
     from workbench.cli.training import flag_of
+    message = message.format(t=user_modules)
     assert err.startswith("workbench train: error: ") and flag_of(message) in err, err  # flags, not field names
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
@@ -266,9 +305,13 @@ def test_a_good_user_model_passes_and_keeps_the_callers_random_state(user_module
     assert torch.equal(torch.rand(3), expected)
 
 
-def test_a_matching_checkpoint_is_accepted(tmp_path):
+@pytest.mark.parametrize("dataset", ["digits", "npz"])
+def test_a_matching_checkpoint_is_accepted(dataset, tmp_path):
+    """With an .npz data set too, compared by real path (that comparison raised NameError: no ``os``)."""
     from workbench.runtime.rank import checkpoint
-    checkpoint.check_resume(_other_run(tmp_path / "r"), RunConfig(algorithm="sync-easgd", ranks=2, epochs=3))
+    data = {} if dataset == "digits" else {"dataset": _npz(tmp_path / "d.npz"), "batch_size": 4}
+    checkpoint.check_resume(_other_run(tmp_path / "r", **data),
+                            RunConfig(algorithm="sync-easgd", ranks=2, epochs=3, **data))
 
 
 def test_a_run_folder_without_config_json_is_refused(tmp_path):
@@ -279,6 +322,72 @@ def test_a_run_folder_without_config_json_is_refused(tmp_path):
         checkpoint.check_resume(run_dir, RunConfig(algorithm="sync-easgd", ranks=2, epochs=3))
     assert str(info.value) == (f"resume: {run_dir} has no config.json (every run writes one; without it the "
                                f"checkpoint's algorithm, model, dataset cannot be checked): give a run directory")
+
+
+# Where a run or the store would be written cannot be: refused by the real command before anything is
+# created or started (a raw FileNotFoundError/NotADirectoryError traceback from os.mkdir before).
+# (id, tmp_path -> (argv, environment), message: {t} is tmp_path)
+UNWRITABLE = [
+    ("out-in-proc", lambda t: (["train", "--out", "/proc/wb-run"], {}),
+     "workbench train: error: --out: cannot create '/proc/wb-run': nothing can be created in '/proc'"),
+    ("out-under-a-file", lambda t: (["train", "--out", f"{_file(t / 'f')}/run"], {}),
+     "workbench train: error: --out: cannot create '{t}/f/run': '{t}/f' is a file, not a directory; give a folder "
+     "you can write"),
+    ("default-runs-under-a-file", lambda t: (["train"], {"WORKBENCH_RUNS": f"{_file(t / 'f')}/runs"}),
+     "workbench train: error: --out: cannot create '{t}/f/runs': '{t}/f' is a file, not a directory; the runs go "
+     "there without --out: give --out DIR or set WORKBENCH_RUNS"),
+    ("store-in-proc", lambda t: (["train", "--store", "/proc/wb.sqlite"], {}),
+     "workbench train: error: --store: cannot create '/proc/wb.sqlite': nothing can be created in '/proc'"),
+    ("store-under-a-file", lambda t: (["train", "--store", f"{_file(t / 'f')}/s.sqlite"], {}),
+     "workbench train: error: --store: cannot create '{t}/f/s.sqlite': '{t}/f' is a file, not a directory"),
+    ("store-is-a-folder", lambda t: (["train", "--store", str(_mkdir(t / "d"))], {}),
+     "workbench train: error: --store: '{t}/d' is a directory; give --store FILE in a folder you can write"),
+    ("compare-out-in-proc", lambda t: (["compare", "--out", "/proc/wb-runs"], {}),
+     "workbench compare: error: --out: cannot create '/proc/wb-runs/sync-sgd': nothing can be created in '/proc'"),
+    ("compare-out-under-a-file", lambda t: (["compare", "--out", f"{_file(t / 'f')}/runs"], {}),
+     "workbench compare: error: --out: cannot create '{t}/f/runs/sync-sgd': '{t}/f' is a file, not a directory"),
+    ("compare-run-is-a-file", lambda t: (["compare", "--out", _holding_a_file(t / "c", "sync-sgd")], {}),
+     "workbench compare: error: --out: '{t}/c/sync-sgd' is a file, not a directory; give a folder you can write"),
+]
+
+
+def _holding_a_file(path: Path, name: str) -> str:
+    path.mkdir()
+    _file(path / name)
+    return str(path)
+
+
+@pytest.mark.parametrize("case,build,message", UNWRITABLE, ids=[c[0] for c in UNWRITABLE])
+def test_unwritable_run_and_store_paths_stop_the_command_before_anything_starts(case, build, message, tmp_path):
+    argv, env = build(tmp_path)
+    runs, store = tmp_path / "runs", tmp_path / "store.sqlite"
+    env = {**os.environ, "WORKBENCH_RUNS": str(runs), "WORKBENCH_STORE": str(store), **env}
+    command = argv[0]
+    argv = [command, "--algorithm" if command == "train" else "--algorithms", "sync-sgd", "--ranks", "2",
+            "--epochs", "1", *argv[1:]]
+    proc = subprocess.run([sys.executable, "-m", "workbench.cli", *argv], capture_output=True, text=True,
+                          timeout=240, cwd=tmp_path, env=env)
+    err = proc.stderr
+    assert proc.returncode == 2, err[-2000:]
+    assert err.strip().splitlines() == [err.strip()] and "Traceback" not in err, err[-2000:]  # one line
+    assert err.startswith(message.format(t=tmp_path)), err
+    # nothing was created or started: no run folder, no store (it is opened after the checks), no probe left
+    assert not runs.exists() and not store.exists() and proc.stdout == ""
+    assert not [p for p in tmp_path.rglob(".workbench-probe-*")]
+
+
+def test_a_run_folder_that_cannot_be_made_is_a_config_error_in_the_notebook_too(tmp_path):
+    """make_run_dir is what wb.Cluster.train's Run calls (its ``run_dir``): a ConfigError naming the argument,
+    never the OSError of os.mkdir, and nothing made."""
+    from workbench.runtime.rundir import make_run_dir
+    bad = [(f"{_file(tmp_path / 'f')}/run", f"run_dir: cannot create '{tmp_path}/f/run': '{tmp_path}/f' is a file")]
+    if Path("/proc/self").is_dir():
+        bad.append(("/proc/wb-run", "run_dir: cannot create '/proc/wb-run': nothing can be created in '/proc'"))
+    for path, message in bad:
+        with pytest.raises(ConfigError) as info:
+            make_run_dir(path)
+        assert str(info.value).startswith(message) and "\n" not in str(info.value), str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
 
 
 def test_compare_drops_options_an_algorithm_ignores_with_a_note(tmp_path, monkeypatch, capsys, launches):

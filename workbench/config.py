@@ -235,6 +235,7 @@ class RunConfig:
         if spec.master_based and comm.fusion_bytes not in (None, 0):
             raise ConfigError(f"fusion_bytes: {self.algorithm} is master-based: its workers send one message per "
                               f"exchange (fusion_bytes unset) or one per tensor (0); got {comm.fusion_bytes!r}")
+        self._check_hook()
         self._check_model_and_data()
         self._check_periodic()
         self._check_failure()
@@ -337,6 +338,19 @@ class RunConfig:
     def workers(self) -> int:
         """Ranks that train: all of them, or all but the master."""
         return self.ranks - 1 if ALGORITHMS[self.algorithm].master_based else self.ranks
+
+    def _check_hook(self) -> None:
+        """A ``comm_hook`` is loaded once, as a ``module:function`` model is built once
+        (:meth:`_check_model_and_data`): imported, callable as ``hook(state, bucket)``
+        (:func:`~workbench.comm.hookspec.load_hook`), so a wrong one is refused here rather than by
+        every rank. Only then is the user's module imported (it may import torch)."""
+        if self.comm_hook is None:
+            return
+        from .comm.hookspec import load_hook
+        try:
+            load_hook(self.comm_hook)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     def _check_model_and_data(self) -> None:
         """The dataset's shapes and labels and the model against them, without torch for the

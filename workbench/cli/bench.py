@@ -48,7 +48,14 @@ def add_to(sub) -> None:
 
 
 def allreduce(args) -> int:
+    from ..checks import writable_file
     from ..sizes import format_size
+    if args.json:  # rank 0 writes it after the benchmark: checked before the ranks start
+        try:
+            writable_file("--json", args.json)
+        except ValueError as exc:
+            say(f"workbench bench allreduce: error: {exc}")
+            return 2
     worker = ["-m", "workbench.bench.allreduce",
               "--sizes", ",".join(format_size(s) for s in args.sizes),
               "--algorithms", ",".join(args.algorithms), "--dtype", args.dtype]

@@ -49,8 +49,8 @@ def open_store(args, command: str):
     try:
         return Store(args.store)
     except (OSError, sqlite3.Error, RuntimeError) as exc:
-        print(f"workbench {command}: cannot open the results store {args.store or default_path()}: {exc}",
-              file=sys.stderr)
+        print(f"workbench {command}: error: --store: cannot open the results store {args.store or default_path()}: "
+              f"{exc}", file=sys.stderr)
         return None
 
 

@@ -63,11 +63,14 @@ def _parse_sim_algorithms(text: str) -> list[str]:
 def simulate(args) -> int:
     from tabulate import tabulate
 
+    from ..checks import writable_file
     from ..netsim import study
     from ..netsim.calibration import calibrate_file
     from ..netsim.simulator import PAPER_BANDWIDTH, PAPER_LATENCY
     bandwidth, latency = args.bandwidth or PAPER_BANDWIDTH, args.latency if args.latency is not None else PAPER_LATENCY
     try:
+        if args.json:  # written after the simulation: checked before it
+            writable_file("--json", args.json)
         if args.calibration:
             if args.bandwidth or args.latency is not None:
                 raise ValueError("--calibration replaces --bandwidth and --latency; give one or the other")
@@ -87,6 +90,8 @@ def simulate(args) -> int:
              f"{r.speedup_vs_ring:.2f}x" if "speedup_vs_ring" in frame else "-"] for r in frame.itertuples()]
     print(tabulate(rows, headers=["algorithm", "size", "steps", "time us", "busbw GB/s", "vs ring"]))
     if args.json:
+        from pathlib import Path
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)  # as predict and bench do
         frame.to_json(args.json, orient="records", indent=1)
         print(f"\nwrote {args.json}")
     return 0

@@ -130,7 +130,10 @@ def run(args) -> int:
     from tabulate import tabulate
 
     from ..burst.graph import BurstError
+    from ..checks import writable_file
     try:
+        if args.json:  # written after the planning: checked before it
+            writable_file("--json", args.json)
         model, table, shipped = _inputs(args)
         plan, described = _plan(args, model, table, shipped)
         if args.json:

@@ -179,8 +179,11 @@ def _network(args):
 def run(args) -> int:
     from tabulate import tabulate
 
+    from ..checks import writable_file
     from ..netsim.predict import scaling
     try:
+        if args.json:  # written after the prediction: checked before it
+            writable_file("--json", args.json)
         layers, described = _profile(args)
         network, kind = _network(args)
         ranks = args.ranks or [n for n in DEFAULT_RANKS if n > 1 or args.algorithm != "easgd"]

@@ -202,12 +202,16 @@ def _configs_and_store(args, names: list[str], command: str):
 
 
 def _check_paths(args, configs, vcluster=None) -> None:
-    """``--out`` and ``--resume``, before anything is created or launched: ConfigError naming the option
-    (with ``vcluster``: also when its nodes would not see them)."""
+    """``--out``, ``--resume`` and ``--store``, before anything is created or launched: ConfigError
+    naming the option (with ``vcluster``: also when its nodes would not see them). Where a run or
+    the store will be written must be a directory that is, or can be, created and written
+    (:func:`~workbench.checks.writable_folder`): without ``--out``, the runs folder."""
     from pathlib import Path
 
+    from ..checks import writable_file, writable_folder
     from ..config import ConfigError
     from ..runtime.rank import checkpoint
+    from ..store import default_path
     out = Path(args.out) if args.out else None
     if vcluster is not None:
         from ..runtime.launch.batch import check_visible
@@ -220,6 +224,15 @@ def _check_paths(args, configs, vcluster=None) -> None:
             raise ConfigError(f"--out: {str(run_dir)!r} already holds a run ({run_dir / 'config.json'}); give a "
                               f"new directory" + (" (a resumed run writes into a new one)" if args.command == "train"
                                                   else ""))
+        if run_dir is not None:
+            writable_folder("--out", run_dir, ConfigError)
+    if out is None:
+        runs = _runs({"vcluster": vcluster} if vcluster is not None else {})
+        writable_folder("--out", runs, ConfigError, fix="the runs go there without --out: give --out DIR"
+                                                        + ("" if vcluster is not None else " or set WORKBENCH_RUNS"))
+    writable_file("--store", args.store or default_path(), ConfigError,
+                  fix="give --store FILE in a folder you can write" + ("" if args.store else
+                                                                       " (or set WORKBENCH_STORE)"))
     if getattr(args, "resume", None):
         try:
             checkpoint.check_resume(args.resume, configs[0])
@@ -246,12 +259,25 @@ def _rootless(args, command: str) -> int | None:
         return 2
 
 
+def _made(run_dir, command: str) -> int | None:
+    """Create ``run_dir`` (:func:`~workbench.runtime.rundir.make_run_dir`); the exit code after the
+    one-line error where it cannot be (changed since :func:`_check_paths`), else None."""
+    from ..config import ConfigError
+    from ..runtime.rundir import make_run_dir
+    try:
+        make_run_dir(run_dir, "--out")
+    except ConfigError as exc:
+        print(f"workbench {command}: error: {exc}", file=sys.stderr)
+        return 2
+    return None
+
+
 def train_command(args) -> int:
     from pathlib import Path
 
     if (code := _rootless(args, "train")) is not None:
         return code
-    from ..runtime.rundir import make_run_dir, new_run_id, run_id_for
+    from ..runtime.rundir import new_run_id, run_id_for
     prepared = _configs_and_store(args, [args.algorithm], "train")
     if isinstance(prepared, int):
         return prepared
@@ -260,7 +286,8 @@ def train_command(args) -> int:
     # run's row and files stay as they were, whatever happens to the new one
     run_dir = Path(args.out) if args.out else _runs(placement) / new_run_id(cfg)
     run_id = run_id_for(run_dir, cfg, store)
-    make_run_dir(run_dir, "--out")
+    if (code := _made(run_dir, "train")) is not None:
+        return code
     print(f"{'run_id':20s} {run_id}", flush=True)
     if placement:
         vc = placement["vcluster"]
@@ -305,7 +332,7 @@ def compare_command(args) -> int:
         return code
     from tabulate import tabulate
 
-    from ..runtime.rundir import make_run_dir, run_id_for
+    from ..runtime.rundir import run_id_for
     names = list(ALGORITHMS) if args.algorithms == "all" else [a.strip() for a in args.algorithms.split(",")]
     prepared = _configs_and_store(args, names, "compare")
     if isinstance(prepared, int):
@@ -316,7 +343,8 @@ def compare_command(args) -> int:
     for cfg in configs:
         # "<parent>-<algorithm>", made unique in the store (two compares with --out a/x and b/x)
         run_id = run_id_for(parent / cfg.algorithm, cfg, store, name=f"{parent.resolve().name}-{cfg.algorithm}")
-        make_run_dir(parent / cfg.algorithm, "--out")
+        if (code := _made(parent / cfg.algorithm, "compare")) is not None:
+            return code
         print(f"{cfg.algorithm}: run {run_id}", flush=True)
         try:
             result = recorded_train(store, run_id, cfg, parent / cfg.algorithm, progress=_progress(args),

@@ -98,8 +98,11 @@ def _attach(args):
 
 
 def up_command(args) -> int:
-    from ..vcluster import VirtualCluster, rootless
+    from ..checks import writable_folder
+    from ..vcluster import PlanError, VirtualCluster, rootless
     try:
+        if args.shared:  # made on the host before the nodes: checked before anything is built
+            writable_folder("--shared", args.shared, PlanError)
         vc = VirtualCluster(args.name, args.nodes, args.topology, args.bandwidth, args.latency, slurm=args.slurm,
                             shared=args.shared, queue=args.queue, keep=True)
         if not rootless.is_root():

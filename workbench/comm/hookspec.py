@@ -1,6 +1,9 @@
 """A user's communication hook named as ``"module:function"`` (``RunConfig(comm_hook=...)``),
-checked without importing it: importable without MPI or torch (``RunConfig`` and the CLI check
-the name before any process starts; the ranks load it, :func:`load_hook`).
+checked in two steps before any process starts, as a ``module:function`` model is
+(:func:`workbench.models.check_model`): the option's own check finds the module without importing
+it (:func:`check_hook`: no MPI, no torch), then ``RunConfig`` loads the function once
+(:func:`load_hook`: imported, callable as ``hook(state, bucket)``), in the notebook kernel or the
+CLI; the ranks load it again the same way.
 
 The function is a hook with the built-in hooks' signature (:mod:`workbench.comm.hooks`)::
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 
 FORM = "'package.module:function' (a function hook(state, bucket) -> Work)"
 
@@ -35,8 +39,9 @@ def _parts(spec: object, error: type[ValueError] = ValueError) -> tuple[str, str
 
 def check_hook(spec: object, error: type[ValueError] = ValueError) -> None:
     """Raise ``error`` (one line, naming ``comm_hook``) unless ``spec`` is ``"module:function"``
-    with a module that can be found. The module is not imported (it may import torch); the
-    function is looked up by the ranks (:func:`load_hook`)."""
+    with a module that can be found. The module is not imported (it may import torch): the
+    option's check runs for every RunConfig; the function is loaded and its signature checked
+    after the algorithm is known to use a hook (:func:`load_hook`)."""
     module, _ = _parts(spec, error)
     try:
         found = importlib.util.find_spec(module)
@@ -47,7 +52,12 @@ def check_hook(spec: object, error: type[ValueError] = ValueError) -> None:
 
 
 def load_hook(spec: str):
-    """Import ``spec``'s function; ValueError (naming ``comm_hook``) if it is not a callable."""
+    """Import ``spec``'s function; ValueError (one line, naming ``comm_hook``) if the module cannot
+    be imported, or the name is not a callable that takes ``(state, bucket)`` as two positional
+    arguments (``inspect.signature(hook).bind(state, bucket)``: extra parameters with defaults and
+    ``*args`` are fine). A callable whose signature cannot be read (a builtin written in C without
+    one) is refused too: it cannot be shown to take a hook's arguments, and would otherwise fail
+    only on the ranks; a Python function wrapping it can be given instead."""
     from ..models import one_line
     module, function = _parts(spec)
     try:
@@ -56,4 +66,16 @@ def load_hook(spec: str):
         raise ValueError(f"comm_hook {spec!r}: cannot import {module!r}: {one_line(exc)}") from None
     if not callable(hook):
         raise ValueError(f"comm_hook {spec!r}: {module} has no function {function!r}")
+    try:
+        signature = inspect.signature(hook)
+    except (TypeError, ValueError):  # a builtin without a signature
+        raise ValueError(f"comm_hook {spec!r}: the parameters of {module}.{function} cannot be read (a builtin?), so "
+                         f"it cannot be shown to be a hook(state, bucket) -> Work; wrap it in a Python function "
+                         f"def hook(state, bucket)") from None
+    try:
+        signature.bind(None, None)
+    except TypeError as exc:
+        raise ValueError(f"comm_hook {spec!r}: {module}.{function}{signature} cannot be called as hook(state, "
+                         f"bucket) ({exc}); give a function of two positional parameters: def hook(state, bucket) "
+                         f"-> Work") from None
     return hook

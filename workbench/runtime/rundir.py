@@ -42,10 +42,13 @@ def run_id_for(run_dir: str | os.PathLike | None, cfg: RunConfig, store=None, na
 
 
 def make_run_dir(run_dir: str | os.PathLike, option: str = "run_dir") -> Path:
-    """Create ``run_dir`` for a new run and return it; ConfigError if it is a file or already holds
+    """Create ``run_dir`` for a new run and return it; ConfigError if it is a file, already holds
     a run (``config.json``: a finished run's files are never overwritten; a resumed run writes
-    into a new directory). The directory is created ``0700`` (owner only) unless
-    ``WORKBENCH_SHARED=1``; ``option`` names the argument in the message (``--out``)."""
+    into a new directory), or cannot be created or written (a parent that is a file, /proc, a
+    read-only file system, no permission: :func:`~workbench.checks.writable_folder`). The
+    directory is created ``0700`` (owner only) unless ``WORKBENCH_SHARED=1``; ``option`` names the
+    argument in the message (``--out``)."""
+    from ..checks import writable_folder
     from ..config import ConfigError, shared_files
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
@@ -53,6 +56,11 @@ def make_run_dir(run_dir: str | os.PathLike, option: str = "run_dir") -> Path:
     if (run_dir / "config.json").exists():
         raise ConfigError(f"{option}: {str(run_dir)!r} already holds a run ({run_dir / 'config.json'}); give a "
                           f"new directory (to continue that run: --resume {run_dir} --out NEW_DIR)")
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    run_dir.mkdir(mode=0o777 if shared_files() else 0o700, exist_ok=True)
+    writable_folder(option, run_dir, ConfigError)
+    try:
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        run_dir.mkdir(mode=0o777 if shared_files() else 0o700, exist_ok=True)
+    except OSError as exc:  # changed since the check (another process)
+        raise ConfigError(f"{option}: cannot create {str(run_dir)!r} ({exc.strerror or exc}); give a folder "
+                          f"you can write") from None
     return run_dir

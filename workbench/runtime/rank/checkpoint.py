@@ -24,6 +24,7 @@ initialising MPI.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -147,10 +148,29 @@ def check_resume(run_dir: str | os.PathLike, cfg: "RunConfig") -> None:
                               f"there; was the run started with checkpoint_every > 0, with a synchronous "
                               f"algorithm?)" + (f"; also differs: {'; '.join(differ)}" if differ else ""))
         try:
-            ranks = json.loads(manifest.read_text())["ranks"]
+            info = json.loads(manifest.read_text())
+            ranks, step = info["ranks"], info["step"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            raise ConfigError(f"resume: cannot read {manifest}: {exc}") from None
+            raise ConfigError(f"resume: cannot read {manifest}: {type(exc).__name__}: {exc}") from None
         if ranks != cfg.ranks and not any(d.startswith("ranks ") for d in differ):
             differ.append(f"ranks {ranks!r} (checkpoint) vs {cfg.ranks!r} (this run)")
     if differ:
         raise ConfigError(f"resume: {run_dir} is a checkpoint of another run: {'; '.join(differ)}")
+    if not cfg.spec.master_based:
+        _check_complete(run_dir, step, ranks)
+
+
+def _check_complete(run_dir: Path, step, ranks: int) -> None:
+    """ConfigError unless every rank's file of the checkpoint ``latest.json`` names is there and
+    readable: :func:`load` reads them on the ranks, where a missing one would fail the job."""
+    from ...config import ConfigError
+    if not isinstance(step, int) or isinstance(step, bool):
+        raise ConfigError(f"resume: cannot read {run_dir / 'checkpoint' / 'latest.json'}: step {step!r} is not "
+                          f"a step number")
+    folder = run_dir / "checkpoint" / f"step-{step:06d}"
+    for rank in range(ranks):
+        path = folder / f"rank{rank}.pt"
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise ConfigError(f"resume: {run_dir} has an incomplete checkpoint: {path.relative_to(run_dir)} is "
+                              f"{'not readable' if path.is_file() else 'missing'} (checkpoint/latest.json names step "
+                              f"{step} of {ranks} ranks); resume from a run whose checkpoint is whole")
