@@ -165,7 +165,7 @@ def test_scaling_table_and_errors():
     assert frame["efficiency"].tolist() == pytest.approx((frame["speedup"] / frame["ranks"]).tolist())
     with pytest.raises(PredictError, match="ranks must be an integer >= 1; got 0"):
         predict(toy(), 0)
-    with pytest.raises(PredictError, match="algorithm must be one of sync-sgd, sync-easgd, easgd"):
+    with pytest.raises(PredictError, match="algorithm must be one of sync-sgd, easgd, sync-easgd"):
         predict(toy(), 2, algorithm="adam")
     with pytest.raises(PredictError, match="sync-easgd exchanges weights"):
         predict(toy(), 2, algorithm="sync-easgd", wire_dtype="fp16")

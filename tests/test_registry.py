@@ -79,7 +79,7 @@ def test_options_of_the_descendants():
     assert uses["diloco"] == {"collective", "momentum", *PERIODIC_OPTIONS, *OUTER_OPTIONS}
     assert uses["streaming-diloco"] == {"collective", "momentum", *PERIODIC_OPTIONS, *OUTER_OPTIONS,
                                         *STREAMING_OPTIONS}
-    assert not any(set(PERIODIC_OPTIONS) & uses[name] for name, s in ALGORITHMS.items() if s.periodic is None)
+    assert not any(set(PERIODIC_OPTIONS) & uses[name] for name, s in ALGORITHMS.items() if not s.periodic)
     assert not ALGORITHMS["diloco"].reduces_gradients and not ALGORITHMS["diloco"].uses("tau")
 
 

@@ -2,7 +2,7 @@
 
 Each field of :class:`RunConfig` is declared with :func:`option`: its default, a one-line help, the
 check of its allowed values, its command-line flag and which algorithms use it. The CLI
-(:mod:`workbench.cli.training`), the registry (:meth:`~workbench.optim.registry.AlgorithmSpec.uses`),
+(:mod:`workbench.cli.training`), the algorithms' definitions (:meth:`~workbench.optim.definition.Algorithm.uses`),
 sweeps and ``workbench compare`` (:func:`without_ignored`) all read those declarations
 (:func:`options`); adding an option is one field here (docs/architecture.md, "How to add an option").
 
@@ -24,7 +24,7 @@ from .checks import integer
 from .comm.hookspec import check_hook
 from .comm.names import algorithm_names as collective_names
 from .comm.options import PRESETS, WIRE_DTYPES, Communication, CommunicationError, resolve
-from .optim.registry import ALGORITHMS, LR_SCHEDULES
+from .optim.registry import LR_SCHEDULES, UnknownAlgorithm, definition_of
 from .options import (ConfigError, Option, boolean_check, dict_check, integer_check, number_check, one_of, option,
                       optional_integer_check, string_check)
 
@@ -50,8 +50,21 @@ def options() -> dict[str, Option]:
 
 
 def scoped() -> dict[str, Option]:
-    """The options only some algorithms use (an algorithm that does not use one refuses it)."""
-    return {name: opt for name, opt in options().items() if opt.uses is not None}
+    """The options only some algorithms take (an algorithm whose definition does not list one refuses it)."""
+    return {name: opt for name, opt in options().items() if opt.scoped}
+
+
+def _algorithm_check(name: str, value) -> None:
+    """A built-in algorithm's name, or ``package.module:NAME`` of a definition in the user's module."""
+    string_check(name, value)
+    try:
+        spec = definition_of(value)
+    except UnknownAlgorithm as exc:
+        raise ConfigError(str(exc)) from None
+    unknown = sorted(spec.options - set(scoped()))
+    if unknown:
+        raise ConfigError(f"algorithm {value!r}: its definition takes {', '.join(unknown)}, which no option is (those "
+                          f"only some algorithms take: {', '.join(scoped())})")
 
 
 
@@ -81,8 +94,9 @@ class Hyper(NamedTuple):
 class RunConfig:
     """One training run. See README "Training" for what each knob does."""
 
-    algorithm: str = option("sync-easgd", "the training algorithm (`workbench algorithms`)",
-                            check=one_of(lambda: ALGORITHMS), flag=None)
+    algorithm: str = option("sync-easgd", "the training algorithm (`workbench algorithms`), or "
+                                          "'package.module:NAME' for an Algorithm defined in your module",
+                            check=_algorithm_check, flag=None)
     ranks: int = option(4, "MPI ranks", check=integer_check(1), type=int)
     model: str = option("mlp", "mlp, wide_mlp, cnn, lenet, resnet18, alexnet, or module:function", check=string_check)
     dataset: str = option("digits", "digits, synthetic, synthetic-imagenet, fashion-mnist, idx:FOLDER (MNIST format) or a .npz path",
@@ -96,17 +110,17 @@ class RunConfig:
                               check=one_of(lambda: LR_SCHEDULES), metavar="SCHEDULE")
     rho: float | None = option(None, "elastic coefficient (default: p*lr*rho = 0.9)",
                                check=number_check(lambda v: v >= 0, ">= 0", optional=True), type=float,
-                               uses=lambda s: s.elastic,
+                               scoped=True,
                                ignored="{algorithm} has no elastic term and ignores rho={value!r}; leave rho unset "
                                        "(it applies to {users})")
     tau: int = option(1, "communication period in steps", check=integer_check(1), type=int,
-                      uses=lambda s: not s.reduces_gradients and s.periodic is None,
+                      scoped=True,
                       ignored="{algorithm} ignores tau={value!r}; leave it at 1 (tau is the communication period "
                               "of the EASGD family and of the master-based algorithms; local-sgd and the DiLoCo "
                               "family take sync_every)")
     momentum: float | None = option(None, "momentum (default: the algorithm's)",
                                     check=number_check(lambda v: 0 <= v < 1, "in [0, 1)", optional=True), type=float,
-                                    uses=lambda s: s.momentum or not s.elastic, neutral=(0,),
+                                    scoped=True, neutral=(0,),
                                     ignored="{algorithm} does not use momentum (got {value!r}); leave it unset "
                                             "(async-measgd is momentum EASGD)")
     batch_size: int = option(16, "samples per worker step", check=integer_check(1), type=int)
@@ -115,7 +129,7 @@ class RunConfig:
     seed: int = option(0, "seeds torch, numpy and scikit-learn",
                        check=integer_check(0, MAX_SEED, " (2**32 - 1, what numpy and scikit-learn accept)"), type=int)
     collective: str = option("native", f"all-reduce algorithm of the synchronous algorithms: {', '.join(collective_names())}",
-                             check=one_of(collective_names), uses=lambda s: s.synchronous,
+                             check=one_of(collective_names), scoped=True,
                              ignored=_MASTER_BASED + " ignores collective={value!r}; leave it at 'native' (or pick a "
                                      "synchronous algorithm: {users})")
     overlap: bool = option(True, "overlap communication with compute: sync-sgd issues gradient buckets from the "
@@ -130,10 +144,10 @@ class RunConfig:
                                "message per step, the default); master-based algorithms: 0 or inf",
         check=optional_integer_check, metavar="N", group="gradient communication")
     wire_dtype: str = option(_COMM["wire_dtype"], f"dtype of the gradients on the wire: {', '.join(WIRE_DTYPES)}",
-                             check=string_check, uses=lambda s: s.reduces_gradients, metavar="DTYPE", group="gradient communication")
+                             check=string_check, scoped=True, metavar="DTYPE", group="gradient communication")
     sparse_ratio: float | None = option(
         _COMM["sparse_ratio"], "coarse-grained sparse communication (CSC): share of chunks sent, in (0, 1]",
-        uses=lambda s: s.reduces_gradients, type=float, metavar="R", group="gradient communication")
+        scoped=True, type=float, metavar="R", group="gradient communication")
     sparse_chunk: int = option(_COMM["sparse_chunk"], "CSC chunk size in elements", type=int, metavar="C",
                                group="gradient communication")
     warmup_epochs: int = option(_COMM["warmup_epochs"], "CSC: dense first, the ratio falling to R over W epochs",
@@ -153,48 +167,48 @@ class RunConfig:
         None, "a gradient hook 'module:function' in place of the dense all-reduce (function(state, bucket) -> Work; "
               "docs/architecture.md, \"How to add a communication hook\")",
         check=lambda name, value: value is None or check_hook(value, error=ConfigError), metavar="MODULE:FUNCTION",
-        uses=lambda s: s.reduces_gradients, group="gradient communication",
+        scoped=True, group="gradient communication",
         ignored="{algorithm} {what}, so it cannot use comm_hook={value!r}; leave it unset (gradient hooks apply to "
                 "{users})")
     # EASGD's descendants (workbench.optim.periodic): Local SGD, DiLoCo, Streaming DiLoCo
     sync_every: int = option(10, "local-sgd, diloco, streaming-diloco: steps between averagings / outer steps (H)",
-                             check=integer_check(1), type=int, metavar="H", uses=lambda s: s.periodic is not None,
+                             check=integer_check(1), type=int, metavar="H", scoped=True,
                              ignored=_PERIODIC, group="periodic averaging")
     warmup_steps: int = option(0, "the first W steps are sync-SGD (all-reduced gradients) before the periodic "
                                   "averaging starts (local-sgd: post-local SGD)", check=integer_check(0), type=int,
-                               metavar="W", uses=lambda s: s.periodic is not None, ignored=_PERIODIC,
+                               metavar="W", scoped=True, ignored=_PERIODIC,
                                group="periodic averaging")
     inner_optimizer: str = option("sgd", f"the workers' optimizer between exchanges: {', '.join(INNER_OPTIMIZERS)} "
                                          f"(adamw: lr default {ADAMW_LR:g}, betas 0.9/0.999)",
                                   check=one_of(lambda: INNER_OPTIMIZERS), metavar="OPT",
-                                  uses=lambda s: s.periodic is not None, ignored=_PERIODIC, group="periodic averaging")
+                                  scoped=True, ignored=_PERIODIC, group="periodic averaging")
     weight_decay: float = option(0.0, "the inner optimizer's weight decay (adamw: decoupled; sgd: added to the "
                                       "gradient)", check=number_check(lambda v: v >= 0, ">= 0"), type=float,
-                                 uses=lambda s: s.periodic is not None, ignored=_PERIODIC, group="periodic averaging")
+                                 scoped=True, ignored=_PERIODIC, group="periodic averaging")
     outer_lr: float = option(0.7, "diloco, streaming-diloco: the outer SGD's learning rate",
                              check=number_check(lambda v: v > 0, "> 0"), type=float,
-                             uses=lambda s: s.outer_optimizer, ignored=_OUTER, group="periodic averaging")
+                             scoped=True, ignored=_OUTER, group="periodic averaging")
     outer_momentum: float = option(0.9, "diloco, streaming-diloco: the outer SGD's momentum",
                                    check=number_check(lambda v: 0 <= v < 1, "in [0, 1)"), type=float,
-                                   uses=lambda s: s.outer_optimizer, ignored=_OUTER, group="periodic averaging")
+                                   scoped=True, ignored=_OUTER, group="periodic averaging")
     nesterov: bool = option(True, "diloco, streaming-diloco: Nesterov momentum in the outer SGD (--no-nesterov: "
-                                  "heavy ball)", check=boolean_check, uses=lambda s: s.outer_optimizer,
+                                  "heavy ball)", check=boolean_check, scoped=True,
                             ignored=_OUTER, group="periodic averaging")
     outer_wire_dtype: str = option("fp32", f"diloco, streaming-diloco: dtype of the outer gradients on the wire: "
                                            f"{', '.join(OUTER_WIRE_DTYPES)}", check=one_of(lambda: OUTER_WIRE_DTYPES),
-                                   metavar="DTYPE", uses=lambda s: s.outer_optimizer, ignored=_OUTER,
+                                   metavar="DTYPE", scoped=True, ignored=_OUTER,
                                    group="periodic averaging")
     fragments: int = option(1, "streaming-diloco: parameter fragments, each synced once per sync_every steps, "
                                "staggered", check=integer_check(1), type=int, metavar="F",
-                            uses=lambda s: s.periodic == "streaming", ignored=_STREAMING, group="periodic averaging")
+                            scoped=True, ignored=_STREAMING, group="periodic averaging")
     sync_delay: int = option(0, "streaming-diloco: inner steps a fragment's exchange overlaps before its update "
                                 "is applied (tau), < sync_every / fragments", check=integer_check(0), type=int,
-                             metavar="TAU", uses=lambda s: s.periodic == "streaming", ignored=_STREAMING,
+                             metavar="TAU", scoped=True, ignored=_STREAMING,
                              group="periodic averaging")
     fragment_alpha: float = option(0.5, "streaming-diloco: a fragment's local weights become alpha*local + "
                                         "(1-alpha)*outer when its update arrives (0: replaced, as DiLoCo)",
                                    check=number_check(lambda v: 0 <= v <= 1, "in [0, 1]"), type=float, metavar="ALPHA",
-                                   uses=lambda s: s.periodic == "streaming", ignored=_STREAMING,
+                                   scoped=True, ignored=_STREAMING,
                                    group="periodic averaging")
     eval_every: int = option(0, "evaluate every N steps (master: arrivals); 0: each time every worker has trained "
                                 "on as many rows as the test set holds, or each tenth of the run if sooner",
@@ -218,8 +232,8 @@ class RunConfig:
                 declared.check(name, getattr(self, name))
         if single_buffer is not None:
             self._single_buffer(single_buffer)
-        spec = ALGORITHMS[self.algorithm]
-        if spec.master_based and self.ranks < 2:
+        spec = self.spec
+        if spec.master_based and self.ranks < 2:  # before anything divides by the workers
             raise ConfigError(f"ranks must be >= 2 for {self.algorithm} (rank 0 is the master)")
         hyper = self.hyper
         if spec.elastic and self.workers * hyper.lr * hyper.rho >= 2:
@@ -232,12 +246,9 @@ class RunConfig:
         if self.comm_hook is not None and comm.sparse:
             raise ConfigError(f"comm_hook={self.comm_hook!r} replaces the all-reduce that coarse-grained sparse "
                               f"communication does; leave sparse_ratio unset (got {comm.sparse_ratio!r}) or drop comm_hook")
-        if spec.master_based and comm.fusion_bytes not in (None, 0):
-            raise ConfigError(f"fusion_bytes: {self.algorithm} is master-based: its workers send one message per "
-                              f"exchange (fusion_bytes unset) or one per tensor (0); got {comm.fusion_bytes!r}")
         self._check_hook()
         self._check_model_and_data()
-        self._check_periodic()
+        spec.check(self)  # the algorithm's own checks (its definition)
         self._check_failure()
 
     def _single_buffer(self, single_buffer: bool) -> None:
@@ -263,31 +274,6 @@ class RunConfig:
                 raise ConfigError(f"{name}={mine!r} contradicts communication={self.communication!r}, which sets "
                                   f"{name}={value!r}; give one of them")
         return preset
-
-    def _check_periodic(self) -> None:
-        """The periodic-averaging options against each other and the model (one line each)."""
-        spec = ALGORITHMS[self.algorithm]
-        if spec.periodic is None:
-            return
-        if self.inner_optimizer == "adamw" and self.momentum is not None:
-            raise ConfigError(f"momentum: inner_optimizer='adamw' uses its betas (0.9, 0.999), not momentum "
-                              f"(got {self.momentum!r}); leave momentum unset or use inner_optimizer='sgd'")
-        if spec.periodic != "streaming":
-            return
-        if self.fragments > self.sync_every:
-            raise ConfigError(f"fragments must be <= sync_every ({self.sync_every}): each of the {self.fragments} "
-                              f"fragments syncs once every sync_every steps, at least one step apart")
-        gap = self.sync_every // self.fragments
-        if self.sync_delay >= gap:
-            raise ConfigError(f"sync_delay must be < sync_every // fragments = {gap} (one fragment in flight at a "
-                              f"time); got {self.sync_delay}")
-        if self.fragments > 1:
-            from . import data, models
-            info = data.describe(self.dataset, **self.data_sizes)
-            tensors = models.tensor_count(self.model, info.feature_shape, info.num_classes)
-            if self.fragments > tensors:
-                raise ConfigError(f"fragments must be <= the model's {tensors} parameter tensors (a fragment is a "
-                                  f"run of whole tensors); got {self.fragments}")
 
     def _check_failure(self) -> None:
         if (self.fail_rank is None) != (self.fail_step is None):
@@ -331,13 +317,13 @@ class RunConfig:
 
     @property
     def spec(self):
-        """The algorithm's registry entry."""
-        return ALGORITHMS[self.algorithm]
+        """The algorithm's definition (:class:`~workbench.optim.definition.Algorithm`)."""
+        return definition_of(self.algorithm)
 
     @property
     def workers(self) -> int:
         """Ranks that train: all of them, or all but the master."""
-        return self.ranks - 1 if ALGORITHMS[self.algorithm].master_based else self.ranks
+        return self.ranks - 1 if self.spec.master_based else self.ranks
 
     def _check_hook(self) -> None:
         """A ``comm_hook`` is loaded once, as a ``module:function`` model is built once
@@ -387,8 +373,6 @@ class RunConfig:
         return cls(**values)
 
 
-#: the algorithm's own lr and momentum, by algorithm (the registry's entries say them)
-DEFAULTS = {name: {"lr": spec.default_lr, "momentum": spec.default_momentum} for name, spec in ALGORITHMS.items()}
 #: the value meaning "not set" of each option that only some algorithms use
 UNSET = {name: opt.default for name, opt in scoped().items()}
 
@@ -398,9 +382,9 @@ def hyper_of(values: dict[str, Any]) -> Hyper:
     the caller's ``lr``, ``momentum`` and ``rho``, else the algorithm's and ``rho = BETA / (p * lr)``.
     An AdamW inner optimizer (the periodic-averaging family) has its own default lr
     (:data:`ADAMW_LR`) and no momentum (its betas)."""
-    spec = ALGORITHMS[values["algorithm"]]
+    spec = definition_of(values["algorithm"])
     workers = values["ranks"] - 1 if spec.master_based else values["ranks"]
-    adamw = spec.periodic is not None and values.get("inner_optimizer") == "adamw"
+    adamw = spec.uses("inner_optimizer") and values.get("inner_optimizer") == "adamw"
     lr = (ADAMW_LR if adamw else spec.default_lr) if values.get("lr") is None else values["lr"]
     momentum = (0.0 if adamw else spec.default_momentum) if values.get("momentum") is None else values["momentum"]
     rho = BETA / (workers * lr) if values.get("rho") is None else values["rho"]
@@ -413,7 +397,7 @@ def ignored_options(algorithm: str, values: dict[str, Any]) -> list[tuple[str, s
     does not use it. A single run refuses these (:class:`ConfigError`); a sweep or ``workbench
     compare`` over several algorithms drops them for the algorithms that ignore them
     (:func:`without_ignored`)."""
-    spec = ALGORITHMS[algorithm]
+    spec = definition_of(algorithm)
     what = "all-reduces weights, not gradients" if spec.synchronous else \
         "is master-based (workers exchange with rank 0, no all-reduce)"
     found = []
@@ -442,7 +426,9 @@ def without_ignored(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     ignores reset to "not set", and their names. For sweeps and ``workbench compare``, where
     one set of options is shared by several algorithms."""
     algorithm = values.get("algorithm", "sync-easgd")
-    if algorithm not in ALGORITHMS:
+    try:
+        definition_of(algorithm)
+    except UnknownAlgorithm:
         return dict(values), []  # RunConfig names the bad algorithm
     preset = {}
     try:

@@ -1,5 +1,5 @@
 """How a RunConfig option is declared: :class:`Option` (default, help, allowed values, CLI flag,
-which algorithms use it) and the checks of allowed values, each raising
+which algorithms take it) and the checks of allowed values, each raising
 :class:`~workbench.config.ConfigError` with one line that names the option.
 
 Hand-written rather than pydantic or traitlets: the type and range checks are the six small
@@ -31,8 +31,9 @@ class Option:
             (None: any value; the cross-field checks live in :class:`RunConfig`).
         flag: the command-line flag (``--tau``); None: Python only.
         cli: ``argparse.add_argument`` keywords beyond the flag, default and help.
-        uses: which algorithms use it (a predicate on their registry entry); None: all of them.
-        ignored: why an algorithm that does not use it refuses it, ``{algorithm}`` and ``{value}``
+        scoped: only some algorithms take it: those whose definition lists it
+            (:attr:`~workbench.optim.definition.Algorithm.options`); False: every algorithm does.
+        ignored: why an algorithm that does not take it refuses it, ``{algorithm}`` and ``{value}``
             filled in.
         group: the ``--help`` section.
         neutral: values besides the default that an algorithm not using the option accepts
@@ -44,26 +45,27 @@ class Option:
     check: Callable[[str, Any], None] | None = None
     flag: str | None = None
     cli: dict = field(default_factory=dict)
-    uses: Callable[[Any], bool] | None = None
+    scoped: bool = False
     ignored: str = ""
     group: str = "training"
     neutral: tuple = ()
     name: str = ""
 
     def used_by(self, spec) -> bool:
-        return self.uses is None or self.uses(spec)
+        """Whether the algorithm ``spec`` (its definition) takes this option."""
+        return not self.scoped or self.name in spec.options
 
     def users(self) -> str:
-        """The algorithms that use this option, for messages."""
+        """The built-in algorithms that take this option, for messages."""
         from .optim.registry import ALGORITHMS
         return ", ".join(name for name, spec in ALGORITHMS.items() if self.used_by(spec))
 
 
-def option(default: Any, help: str, *, check=None, flag: str | None = "", uses=None, ignored: str = "",
+def option(default: Any, help: str, *, check=None, flag: str | None = "", scoped: bool = False, ignored: str = "",
            group: str = "training", neutral: tuple = (), **cli) -> Any:
     """A RunConfig field declared with its :class:`Option` (``flag=""``: ``--`` + the name with
     dashes; ``flag=None``: not on the command line)."""
-    declared = Option(default, help, check, flag, cli, uses, ignored, group, neutral)
+    declared = Option(default, help, check, flag, cli, scoped, ignored, group, neutral)
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata={"option": declared})
     return field(default=default, metadata={"option": declared})

@@ -158,8 +158,8 @@ class RunResult:
 
     def chrome_trace(self) -> dict:
         """``{"traceEvents": [...]}`` with one named row group per rank."""
-        from .optim.registry import ALGORITHMS
-        spec = ALGORITHMS.get(self.config.get("algorithm"))
+        from .optim.registry import known_definition
+        spec = known_definition(self.config.get("algorithm"))
         return chrome_trace(self.trace, sorted({e["pid"] for e in self.trace}),
                             master=0 if spec is not None and spec.master_based else None)
 

@@ -74,8 +74,8 @@ def check_cluster_args(args: argparse.Namespace, several_rates: bool = False) ->
 
 def training_ranks(algorithm: str, nodes: int) -> int:
     """Ranks of ``algorithm`` on ``nodes`` training nodes: one more for a master-based one's master."""
-    from ..optim.registry import ALGORITHMS
-    return nodes + ALGORITHMS[algorithm].master_based
+    from ..optim.registry import definition_of
+    return nodes + definition_of(algorithm).master_based
 
 
 @contextmanager

@@ -27,7 +27,7 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from ..results import RunObserver
-from ..optim.registry import ALGORITHMS
+from ..optim.registry import known_definition
 from .figures import (loss_figure, loss_layout, loss_traces, share_figure, share_layout, share_traces,
                       status_line, time_shares, timeline_figure, timeline_layout, timeline_traces)
 
@@ -65,8 +65,8 @@ class Dashboard(RunObserver):
         self.shares = go.FigureWidget(layout=share_layout(self.ranks))
         # the algorithms that reduce gradients in nonblocking buckets, and Streaming DiLoCo's fragments
         # exchanged beside the inner steps, get rows for what is in flight
-        spec = ALGORITHMS.get(self.algorithm)
-        buckets = spec is not None and (spec.reduces_gradients or spec.periodic == "streaming")
+        spec = known_definition(self.algorithm)
+        buckets = spec is not None and (spec.reduces_gradients or spec.streaming)
         self.timeline = go.FigureWidget(layout=timeline_layout(self.ranks, [0, window_seconds * 1e3],
                                                                in_flight=buckets))
         self.status = w.HTML()

@@ -30,17 +30,9 @@ def accuracy_label(algorithm: str | None) -> str:
     """What the evaluated weights are: the center variable (EASGD family), the master's weights
     (master-based SGD), the outer model (DiLoCo), the last average (Local SGD) or the replicated
     model (sync-sgd)."""
-    from ..optim.registry import ALGORITHMS
-    spec = ALGORITHMS.get(algorithm)
-    if spec is None:
-        return "test accuracy"
-    if spec.elastic:
-        return "test accuracy (center)"
-    if spec.outer_optimizer:
-        return "test accuracy (outer model)"
-    if spec.periodic is not None:
-        return "test accuracy (averaged model)"
-    return "test accuracy (master's weights)" if spec.master_based else "test accuracy (model)"
+    from ..optim.registry import known_definition
+    spec = known_definition(algorithm)
+    return "test accuracy" if spec is None else f"test accuracy ({spec.evaluated})"
 
 
 def loss_traces(history: pd.DataFrame, algorithm: str | None = None) -> list[dict]:

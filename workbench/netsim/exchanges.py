@@ -138,13 +138,14 @@ def sync_easgd(buckets, ranks: int, net, overlap: bool, tau: int, compute: float
     return Exchange(step, compute + update_s, timeline, len(buckets), ranks, tau)
 
 
-def periodic(algorithm: str, bounds, ranks: int, net, fusion_bytes, every: int, compute: float, update_s: float,
+def periodic(kind: str, bounds, ranks: int, net, fusion_bytes, every: int, compute: float, update_s: float,
              fragments: int, sync_delay: int, wire_dtype: str) -> Exchange:
-    """Local SGD, DiLoCo, Streaming DiLoCo: per ``every`` steps, each fragment's buckets all-reduced
-    once at its offset, exposed beyond ``sync_delay`` local steps."""
+    """Local SGD, DiLoCo, Streaming DiLoCo (``kind``: their definitions' exchange, average, outer or
+    streaming): per ``every`` steps, each fragment's buckets all-reduced once at its offset, exposed
+    beyond ``sync_delay`` local steps."""
     from ..optim.fragments import offset, partition
     item, local = OUTER_ITEMSIZE[wire_dtype], compute + update_s
-    what = "weights" if algorithm == "local-sgd" else "outer gradient"
+    what = "weights" if kind == "average" else "outer gradient"
     parts, k = [], 0
     for start, _, tensors in partition(bounds, fragments) if ranks > 1 else []:
         cut = bucket_bounds([(bounds[i][0] - start, bounds[i][1] - start) for i in tensors], fusion_bytes, item)

@@ -38,6 +38,12 @@ Ranks time-sliced on shared cores (this machine's 4 ranks on 2 cores) have such 
 ``streaming-diloco``, whose ``tau`` is their ``sync_every``, H): one exchange every ``tau`` steps,
 costed by :mod:`workbench.netsim.exchanges` (the burst too, spent on each exchange).
 
+**Which model** an algorithm gets is what its definition declares (:attr:`~workbench.optim.definition.
+Algorithm.exchange`: gradients, weights, round-robin, average, outer, streaming); an algorithm that
+declares none is not predicted. :func:`predict_config` predicts a :class:`~workbench.config.RunConfig`
+as it would run: its algorithm, ranks, collective, communication options and period (``tau`` or
+``sync_every``, as its definition's family says).
+
 **Outputs** (:class:`Prediction`, per rank count): ``step_s``, ``compute_s`` (forward + backward +
 update), ``comm_s`` (network busy time per step), ``exposed_comm_s`` (step - compute),
 ``comm_share`` (exposed / step), ``wire_bytes`` and ``messages`` (what one rank sends per step),
@@ -57,15 +63,15 @@ if TYPE_CHECKING:  # pandas loads where a table is made: the CLI lists PREDICTAB
 
 from ..comm.buckets import bucket_bounds
 from ..comm.options import Communication, resolve
+from ..optim.definition import Algorithm
+from ..optim.registry import ALGORITHMS, UnknownAlgorithm, definition_of
 from .costs import network_model
 from .exchanges import OUTER_ITEMSIZE as _OUTER_ITEMSIZE, Message, back_to_back, bucket_level, steady
 from . import exchanges
 from .profile import LayerProfile, check_profile
 
-#: the training algorithms the predictor models
-PREDICTABLE = ("sync-sgd", "sync-easgd", "easgd", "local-sgd", "diloco", "streaming-diloco")
-#: the periodic-averaging algorithms (EASGD's descendants) and the wire itemsize of their exchange
-PERIODIC = ("local-sgd", "diloco", "streaming-diloco")
+#: the built-in training algorithms the predictor models: those whose definition declares an exchange
+PREDICTABLE = tuple(name for name, spec in ALGORITHMS.items() if spec.exchange is not None)
 #: how MPI's native all-reduce moves one float (the fp16/bf16 overflow decision): MPICH uses
 #: recursive doubling for small messages
 DECISION_COLLECTIVE = "recursive_doubling"
@@ -136,32 +142,46 @@ def _bucket_messages(elements: int, opts: Communication) -> list[tuple[str, int]
     return [("norms", chunks * 4), ("chunks", keep * c * item)]
 
 
-def _check(ranks, algorithm: str, tau, update_s, apply_s, skew_s=0.0) -> None:
+def definition(algorithm: str | Algorithm) -> Algorithm:
+    """The definition of ``algorithm`` (a name, ``module:NAME``, or a definition) if the predictor can
+    model it (it declares an exchange); else PredictError."""
+    if isinstance(algorithm, Algorithm):
+        spec = algorithm
+    else:
+        try:
+            spec = definition_of(algorithm)
+        except UnknownAlgorithm:
+            raise PredictError(f"algorithm must be one of {', '.join(PREDICTABLE)}; got {algorithm!r}") from None
+    if spec.exchange is None:
+        raise PredictError(f"algorithm must be one of {', '.join(PREDICTABLE)} (or declare its exchange); "
+                           f"{spec.name} declares none")
+    return spec
+
+
+def _check(ranks, spec: Algorithm, tau, update_s, apply_s, skew_s=0.0) -> None:
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise PredictError(f"ranks must be an integer >= 1; got {ranks!r}")
-    if algorithm not in PREDICTABLE:
-        raise PredictError(f"algorithm must be one of {', '.join(PREDICTABLE)}; got {algorithm!r}")
-    if algorithm == "easgd" and ranks < 2:
-        raise PredictError(f"ranks must be >= 2 for easgd (rank 0 is the master); got {ranks}")
+    if spec.master_based and ranks < 2:
+        raise PredictError(f"ranks must be >= 2 for {spec.name} (rank 0 is the master); got {ranks}")
     if not isinstance(tau, int) or isinstance(tau, bool) or tau < 1:
         raise PredictError(f"tau must be an integer >= 1 (steps between exchanges); got {tau!r}")
     for name, value in (("update_s", update_s), ("apply_s", apply_s), ("skew_s", skew_s)):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < math.inf:
             raise PredictError(f"{name} must be a number of seconds >= 0; got {value!r}")
-    if algorithm == "easgd" and skew_s:
-        raise PredictError("skew_s applies to lock-step algorithms (sync-sgd, sync-easgd); easgd's workers "
+    if spec.master_based and skew_s:
+        raise PredictError(f"skew_s applies to lock-step algorithms (sync-sgd, sync-easgd); {spec.name}'s workers "
                            "do not wait for each other")
 
 
-def _check_periodic(algorithm: str, every: int, fragments, sync_delay, outer_wire_dtype, tensors: int) -> None:
+def _check_periodic(spec: Algorithm, every: int, fragments, sync_delay, outer_wire_dtype, tensors: int) -> None:
     if (fragments, sync_delay, outer_wire_dtype) == (1, 0, "fp32"):
         return
-    if algorithm not in PERIODIC[1:]:
+    if not spec.outer_optimizer:
         raise PredictError(f"fragments, sync_delay and outer_wire_dtype apply to diloco and streaming-diloco; got "
-                           f"algorithm={algorithm!r}")
+                           f"algorithm={spec.name!r}")
     if outer_wire_dtype not in _OUTER_ITEMSIZE:
         raise PredictError(f"outer_wire_dtype must be one of {', '.join(_OUTER_ITEMSIZE)}; got {outer_wire_dtype!r}")
-    if (fragments, sync_delay) != (1, 0) and algorithm != "streaming-diloco":
+    if (fragments, sync_delay) != (1, 0) and not spec.streaming:
         raise PredictError("fragments and sync_delay apply to streaming-diloco")
     if not isinstance(fragments, int) or not 1 <= fragments <= min(tensors, every):
         raise PredictError(f"fragments must be an integer in 1..{min(tensors, every)} (parameter tensors, "
@@ -172,7 +192,7 @@ def _check_periodic(algorithm: str, every: int, fragments, sync_delay, outer_wir
 
 
 def predict(profile: Sequence[LayerProfile], ranks: int, network=None, options=None, collective: str | None = None,
-            algorithm: str = "sync-sgd", tau: int = 1, update_s: float = 0.0, apply_s: float = 0.0,
+            algorithm: str | Algorithm = "sync-sgd", tau: int = 1, update_s: float = 0.0, apply_s: float = 0.0,
             skew_s: float = 0.0, fragments: int = 1, sync_delay: int = 0, outer_wire_dtype: str = "fp32",
             **fields) -> Prediction:
     """Predict one step of ``algorithm`` on ``ranks`` ranks.
@@ -186,31 +206,33 @@ def predict(profile: Sequence[LayerProfile], ranks: int, network=None, options=N
     slowest rank's extra forward + backward seconds (see the module's text on stragglers).
     """
     layers = check_profile(profile)
-    _check(ranks, algorithm, tau, update_s, apply_s, skew_s)
+    spec = definition(algorithm)
+    algorithm, kind = spec.name, spec.exchange
+    _check(ranks, spec, tau, update_s, apply_s, skew_s)
     bounds, owner = _layout(layers)
-    _check_periodic(algorithm, tau, fragments, sync_delay, outer_wire_dtype, len(bounds))
+    _check_periodic(spec, tau, fragments, sync_delay, outer_wire_dtype, len(bounds))
     opts = communication(options, **fields)
-    if algorithm != "sync-sgd" and (opts.sparse or opts.wire_dtype != "fp32"):
+    if kind != "gradients" and (opts.sparse or opts.wire_dtype != "fp32"):
         raise PredictError(f"{algorithm} exchanges weights, not gradients: wire_dtype and sparse_ratio do not "
                            f"apply (leave them fp32 / None; they are sync-sgd's)")
-    if algorithm == "easgd" and opts.fusion_bytes is not None:
-        raise PredictError("easgd sends its weights as one message: fusion_bytes does not apply (leave it None)")
+    if kind == "round-robin" and opts.fusion_bytes is not None:
+        raise PredictError(f"{algorithm} sends its weights as one message: fusion_bytes does not apply (leave it None)")
     net = network_model(network, collective)
     forward = sum(l.forward_s for l in layers)
     backward = sum(l.backward_s for l in layers)
     local = forward + backward + update_s
     buckets = bucket_bounds(bounds, opts.fusion_bytes)
     skew_s = skew_s if ranks > 1 else 0.0
-    if algorithm == "easgd":
+    if kind == "round-robin":
         model = sum(l.parameters for l in layers) * 4
         return _result(algorithm, ranks, exchanges.easgd(model, ranks, net, tau, local, apply_s))
-    if algorithm == "sync-easgd":
+    if kind == "weights":
         return _result(algorithm, ranks, exchanges.sync_easgd(buckets, ranks, net, opts.overlap, tau,
                                                               forward + backward, update_s, skew_s))
-    if algorithm in PERIODIC:
+    if kind in ("average", "outer", "streaming"):
         return _result(algorithm, ranks, exchanges.periodic(
-            algorithm, bounds, ranks, net, opts.fusion_bytes, tau, forward + backward + skew_s, update_s, fragments,
-            sync_delay, outer_wire_dtype if algorithm != "local-sgd" else "fp32"))
+            kind, bounds, ranks, net, opts.fusion_bytes, tau, forward + backward + skew_s, update_s, fragments,
+            sync_delay, outer_wire_dtype if spec.outer_optimizer else "fp32"))
     slow = 1.0 + skew_s / (forward + backward) if forward + backward > 0 else 1.0   # the slowest rank
     ready_at, t = [0.0] * len(layers), forward
     for i in reversed(range(len(layers))):
@@ -223,7 +245,22 @@ def predict(profile: Sequence[LayerProfile], ranks: int, network=None, options=N
         seconds = net.with_collective(DECISION_COLLECTIVE).allreduce(4, ranks)
         timeline.append(Message("decision", -1, 4, round(2 * (ranks - 1) / ranks * 4), end, end + seconds))
         end += seconds
-    return _result("sync-sgd", ranks, exchanges.Exchange(end + update_s, local, timeline, len(buckets), ranks, 1))
+    return _result(algorithm, ranks, exchanges.Exchange(end + update_s, local, timeline, len(buckets), ranks, 1))
+
+
+def predict_config(cfg, profile: Sequence[LayerProfile], network=None, **timings) -> Prediction:
+    """:func:`predict` for a :class:`~workbench.config.RunConfig` as it would run: its algorithm
+    (its definition says the model), ranks, collective, gradient-communication options, and its
+    period and fragments where its definition takes them. ``timings``: ``update_s``, ``apply_s``,
+    ``skew_s`` (seconds this machine spends that the profile does not hold)."""
+    spec = definition(cfg.spec)
+    comm = cfg.communication_options
+    kwargs = {"tau": getattr(cfg, spec.period) if spec.period and spec.uses(spec.period) else 1}
+    for name in ("fragments", "sync_delay", "outer_wire_dtype"):
+        if spec.uses(name):
+            kwargs[name] = getattr(cfg, name)
+    collective = cfg.collective if spec.uses("collective") and cfg.collective != "native" else None
+    return predict(profile, cfg.ranks, network, comm, collective, algorithm=spec, **kwargs, **timings)
 
 
 def _steady_messages(buckets, ranks: int, net, opts: Communication, ready_at: list[float], owner: list[int],
@@ -305,7 +342,7 @@ def easgd_shares(profile: Sequence[LayerProfile], ranks: Sequence[int] = (4, 16)
     rows = []
     for n in ranks:
         for algorithm, overlap in setups:
-            fusion = fusion_bytes if algorithm == "sync-easgd" else None
+            fusion = None if definition(algorithm).exchange == "round-robin" else fusion_bytes  # one message
             p = predict(profile, n, network, algorithm=algorithm, tau=tau, update_s=update_s, apply_s=apply_s,
                         overlap=overlap, fusion_bytes=fusion)
             rows.append({"algorithm": algorithm, "overlap": overlap, "ranks": n, "step_s": p.step_s,

@@ -6,8 +6,10 @@ periodic-averaging family: Local SGD, DiLoCo, Streaming DiLoCo).
 notebook kernel and the CLI, which should not pay for importing torch.
 """
 from ..lazy import lazy
-from .registry import ALGORITHMS, AlgorithmSpec, algorithms
+from .definition import Algorithm, LockStep, MasterBased, Periodic
+from .registry import ALGORITHMS, AlgorithmSpec, algorithms, definition_of
 
 __getattr__, __dir__ = lazy(__name__, {name: (f".{name}", None) for name in ("rules", "sync", "master", "periodic", "fragments")})
 
-__all__ = ["rules", "fragments", "ALGORITHMS", "AlgorithmSpec", "algorithms"]
+__all__ = ["rules", "fragments", "ALGORITHMS", "Algorithm", "AlgorithmSpec", "LockStep", "MasterBased", "Periodic",
+           "algorithms", "definition_of"]
