@@ -77,7 +77,6 @@ INNER_OPTIMIZERS = ("sgd", "adamw")
 ADAMW_LR = 1e-3
 #: the dtypes DiLoCo's outer gradients may travel in
 OUTER_WIRE_DTYPES = ("fp32", "bf16", "fp16")
-_MASTER_BASED = "{algorithm} is master-based (workers exchange with rank 0, no all-reduce), so it"
 _STRATEGY = ("{algorithm} {what}, so it cannot use {name}={value!r}; leave it unset (gradient-communication "
              "strategies apply to {users})")
 
@@ -130,8 +129,8 @@ class RunConfig:
                        check=integer_check(0, MAX_SEED, " (2**32 - 1, what numpy and scikit-learn accept)"), type=int)
     collective: str = option("native", f"all-reduce algorithm of the synchronous algorithms: {', '.join(collective_names())}",
                              check=one_of(collective_names), scoped=True,
-                             ignored=_MASTER_BASED + " ignores collective={value!r}; leave it at 'native' (or pick a "
-                                     "synchronous algorithm: {users})")
+                             ignored="{algorithm} runs no all-reduce of its own, so it ignores collective={value!r}; leave "
+                                     "it at 'native' (the collective applies to {users})")
     overlap: bool = option(True, "overlap communication with compute: sync-sgd issues gradient buckets from the "
                                  "backward hooks; the EASGD family exchanges weights while the gradient is computed",
                            check=boolean_check)
