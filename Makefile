@@ -74,10 +74,10 @@ slurm:
 # paste and keeps running until Ctrl-C; `make slurm-down` stops it from another shell.
 SLURM_ROOT ?= $(or $(TMPDIR),/tmp)/workbench-slurm
 slurm-up: venv slurm netns
-	$(BIN)/python -m workbench.runtime.launch.slurm_local up --root $(SLURM_ROOT)
+	$(BIN)/python -m workbench.runtime.launch.slurm_cli up --root $(SLURM_ROOT)
 
 slurm-down: venv
-	$(BIN)/python -m workbench.runtime.launch.slurm_local down --root $(SLURM_ROOT)
+	$(BIN)/python -m workbench.runtime.launch.slurm_cli down --root $(SLURM_ROOT)
 
 test-fast: venv datasets netns slurm
 	$(BIN)/python -m pytest -q -m "not mpi and not slurm"

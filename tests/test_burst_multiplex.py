@@ -6,7 +6,8 @@ import random
 import pytest
 
 from workbench.burst.graph import BurstError
-from workbench.burst.multiplex import busy_spans, fill_figure, simulate
+from workbench.burst.multiplex import busy_spans, simulate
+from workbench.burst.pictures import fill_figure
 from workbench.burst.plan import BurstPlan, LayerPlan
 
 EPS = 1e-7

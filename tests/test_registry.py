@@ -102,6 +102,8 @@ def test_each_option_is_declared_once_with_what_every_reader_needs():
         assert opt.flag is None or opt.flag == "--" + name.replace("_", "-"), name
     assert set(scoped()) == {"rho", "tau", "momentum", "collective", "wire_dtype", "sparse_ratio", "comm_hook",
                              *PERIODIC_OPTIONS, *OUTER_OPTIONS, *STREAMING_OPTIONS}
+    from workbench.optim.definition import SCOPED
+    assert set(scoped()) == SCOPED  # what the definitions list their options from
     # the CLI reads them: every flag of a declared option is a flag of `workbench train`
     from workbench.cli import build_parser
     train = build_parser()._subparsers._group_actions[0].choices["train"]

@@ -24,7 +24,7 @@ from .checks import integer
 from .comm.hookspec import check_hook
 from .comm.names import algorithm_names as collective_names
 from .comm.options import PRESETS, WIRE_DTYPES, Communication, CommunicationError, resolve
-from .optim.registry import LR_SCHEDULES, UnknownAlgorithm, definition_of
+from .optim.registry import ALGORITHMS, LR_SCHEDULES, UnknownAlgorithm, definition_of
 from .options import (ConfigError, Option, boolean_check, dict_check, integer_check, number_check, one_of, option,
                       optional_integer_check, string_check)
 
@@ -405,8 +405,9 @@ def ignored_options(algorithm: str, values: dict[str, Any]) -> list[tuple[str, s
         if declared.used_by(spec) or value == declared.default or value in declared.neutral:
             continue
         why = declared.ignored or _STRATEGY
-        found.append((name, f"{name}: " + why.format(algorithm=algorithm, value=value, users=declared.users(),
-                                                     what=what, name=name)))
+        users = ", ".join(other for other, taker in ALGORITHMS.items() if declared.used_by(taker))
+        found.append((name, f"{name}: " + why.format(algorithm=algorithm, value=value, users=users, what=what,
+                                                     name=name)))
     return found
 
 

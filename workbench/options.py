@@ -55,10 +55,6 @@ class Option:
         """Whether the algorithm ``spec`` (its definition) takes this option."""
         return not self.scoped or self.name in spec.options
 
-    def users(self) -> str:
-        """The built-in algorithms that take this option, for messages."""
-        from .optim.registry import ALGORITHMS
-        return ", ".join(name for name, spec in ALGORITHMS.items() if self.used_by(spec))
 
 
 def option(default: Any, help: str, *, check=None, flag: str | None = "", scoped: bool = False, ignored: str = "",

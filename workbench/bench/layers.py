@@ -75,11 +75,11 @@ def parameterised_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return out
 
 
-def _summary(values: Sequence[float], statistic: str) -> float:
+def summarise(values: Sequence[float], statistic: str) -> float:
     return float(statistics.median(values) if statistic == "median" else statistics.fmean(values))
 
 
-def _check(repeats: int, warmup: int, statistic: str) -> None:
+def check_timing(repeats: int, warmup: int, statistic: str) -> None:
     integer("repeats", repeats, 1, LayerProfileError)
     integer("warmup", warmup, 0, LayerProfileError)
     if statistic not in STATISTICS:
@@ -209,15 +209,15 @@ class _Profiler:
             name, module = self.layers[i]
             tensors = tuple(p.numel() for p in module.parameters(recurse=False) if p.requires_grad)
             out.append(LayerProfile(f"{name}:{type(module).__name__}", sum(tensors),
-                                    _summary([r[k] for r in forward_reps], statistic),
-                                    _summary([r[k] for r in backward_reps], statistic), tensors))
+                                    summarise([r[k] for r in forward_reps], statistic),
+                                    summarise([r[k] for r in backward_reps], statistic), tensors))
         return out
 
     def close(self) -> None:
         self.marks.remove()
 
 
-def _timed(fn: Callable[[], object], repeats: int, warmup: int, keep_going: Callable[[], bool] | None = None,
+def time_calls(fn: Callable[[], object], repeats: int, warmup: int, keep_going: Callable[[], bool] | None = None,
            done: Callable[[], None] | None = None, before: Callable[[], None] | None = None) -> list:
     """``fn()`` ``warmup`` times untimed, then ``repeats`` times (its results); then, if
     ``keep_going`` is given, ``done()`` and more untimed calls while ``keep_going()``.
@@ -237,13 +237,13 @@ def _timed(fn: Callable[[], object], repeats: int, warmup: int, keep_going: Call
     return out
 
 
-def _profile(model: nn.Module, sample, batch_size: int | None, target, repeats: int, warmup: int, statistic: str,
+def profile_model(model: nn.Module, sample, batch_size: int | None, target, repeats: int, warmup: int, statistic: str,
              loss_fn: Callable, after=(), sync=None, totals: list | None = None
              ) -> tuple[list[LayerProfile], list[float]]:
     """The layers, and each ``after`` phase's seconds (see :func:`profile_layers`). ``sync``: the
     barriers of concurrent profiles (:mod:`workbench.bench.step`); ``totals``: if a list, each
     timed repetition's whole seconds (forward + backward + phases) are appended to it."""
-    _check(repeats, warmup, statistic)
+    check_timing(repeats, warmup, statistic)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -253,11 +253,11 @@ def _profile(model: nn.Module, sample, batch_size: int | None, target, repeats: 
             if sync is not None:
                 sync.barrier()
                 hooks = (*sync.hooks(), sync.before)
-            reps = _timed(prof.repetition, repeats, warmup, *hooks)
+            reps = time_calls(prof.repetition, repeats, warmup, *hooks)
             if totals is not None:
                 totals.extend(sum(f) + sum(b) + sum(ph) for f, b, ph in reps)
             layers = prof.result([r[0] for r in reps], [r[1] for r in reps], statistic)
-            return layers, [_summary([r[2][k] for r in reps], statistic) for k in range(len(prof.after))]
+            return layers, [summarise([r[2][k] for r in reps], statistic) for k in range(len(prof.after))]
         finally:
             prof.close()
     finally:
@@ -276,12 +276,12 @@ def profile_layers(model: nn.Module, sample, batch_size: int | None = None, *, t
     of the model's output width). ``model`` itself is not touched (a copy is profiled). See the
     module's text for what each interval holds and why ``statistic`` may be ``mean``.
     """
-    return _profile(model, sample, batch_size, target, repeats, warmup, statistic, loss_fn)[0]
+    return profile_model(model, sample, batch_size, target, repeats, warmup, statistic, loss_fn)[0]
 
 
 # -- built-in models on their dataset's shapes --------------------------------------------------
 
-def _builtin(name: str, dataset: str):
+def builtin_model(name: str, dataset: str):
     from .. import data, models
     if name not in models.BUILTIN_MODELS:
         raise LayerProfileError(f"model must be one of {', '.join(models.BUILTIN_MODELS)}; got {name!r}")
@@ -298,7 +298,7 @@ def profile_builtin(name: str, batch_size: int = 32, *, dataset: str = "digits",
                     warmup: int = DEFAULT_WARMUP, statistic: str = "median") -> list[LayerProfile]:
     """:func:`profile_layers` of a built-in model (``mlp``, ``wide_mlp``, ``cnn``) built for
     ``dataset``'s shapes (digits: 64 features, 10 classes) at ``batch_size`` samples per step."""
-    model, info = _builtin(name, dataset)
+    model, info = builtin_model(name, dataset)
     return profile_layers(model, info.feature_shape, batch_size, repeats=repeats, warmup=warmup, statistic=statistic)
 
 

@@ -60,8 +60,8 @@ from torch import nn
 from ..checks import integer
 from ..deadline import yield_cpu
 from ..netsim.profile import LayerProfile
-from .layers import (DEFAULT_REPEATS, DEFAULT_WARMUP, LayerProfileError, _builtin, _check, _profile, _summary,
-                     _timed)
+from .layers import (DEFAULT_REPEATS, DEFAULT_WARMUP, LayerProfileError, builtin_model, check_timing, profile_model, summarise,
+                     time_calls)
 
 # -- the rest of a sync-sgd step ----------------------------------------------------------------
 #
@@ -119,7 +119,7 @@ def _seconds(fn: Callable[[], object], repeats: int, warmup: int, statistic: str
         return time.perf_counter() - t
     if sync is not None:
         sync.barrier()
-    return _summary(_timed(timed, repeats, warmup, *(sync.hooks() if sync is not None else ())), statistic)
+    return summarise(time_calls(timed, repeats, warmup, *(sync.hooks() if sync is not None else ())), statistic)
 
 
 class _Pool:
@@ -133,7 +133,7 @@ def update_seconds(parameters: int, ranks: int = 4, *, repeats: int = DEFAULT_RE
                    statistic: str = "median") -> float:
     """:func:`update_phase` alone on ``parameters`` float32 elements, in a loop of its own
     (allocation effects may differ from a run's: :func:`profile_step` times it in the step loop)."""
-    _check(repeats, warmup, statistic)
+    check_timing(repeats, warmup, statistic)
     return _seconds(update_phase(ranks)(_Pool(parameters)), repeats, warmup, statistic)
 
 
@@ -141,7 +141,7 @@ def wire_cast_seconds(parameters: int, wire_dtype: str = "fp16", ranks: int = 4,
                       warmup: int = DEFAULT_WARMUP, statistic: str = "median") -> float:
     """:func:`cast_phase` alone on ``parameters`` elements, in a loop of its own."""
     make = cast_phase(wire_dtype, ranks)
-    _check(repeats, warmup, statistic)
+    check_timing(repeats, warmup, statistic)
     return _seconds(make(_Pool(parameters)), repeats, warmup, statistic)
 
 
@@ -149,7 +149,7 @@ def evaluate_seconds(model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, repe
                      statistic: str = "median", _sync=None) -> float:
     """Seconds of one evaluation as :meth:`~workbench.runtime.rank.context.Context.evaluate` runs
     it (rank 0, at every evaluation point): forward of the whole test set, loss and accuracy."""
-    _check(repeats, warmup, statistic)
+    check_timing(repeats, warmup, statistic)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
 
@@ -282,13 +282,13 @@ def _measure_step(name: str, batch_size: int, dataset: str, repeats: int, warmup
     once more per wire dtype with its casts before the update, for the casts."""
     from .. import data
     torch.set_num_threads(1)
-    model, info = _builtin(name, dataset)
+    model, info = builtin_model(name, dataset)
     totals: list[float] = []
-    layers, (update,) = _profile(model, info.feature_shape, batch_size, None, repeats, warmup, statistic,
+    layers, (update,) = profile_model(model, info.feature_shape, batch_size, None, repeats, warmup, statistic,
                                  F.cross_entropy, after=(update_phase(ranks),), sync=sync, totals=totals)
     casts = {}
     for dtype in wire_dtypes:
-        _, (casts[dtype], _) = _profile(model, info.feature_shape, batch_size, None, repeats, warmup, statistic,
+        _, (casts[dtype], _) = profile_model(model, info.feature_shape, batch_size, None, repeats, warmup, statistic,
                                         F.cross_entropy, after=(cast_phase(dtype, ranks), update_phase(ranks)),
                                         sync=sync)
     test = data.load(dataset)
@@ -350,7 +350,7 @@ def profile_step(name: str, batch_size: int = 32, *, dataset: str = "digits", pr
     ``pause_s`` (with ``lockstep``): seconds each process yields the CPU before each meeting.
     """
     statistic = statistic or ("median" if processes == 1 else "mean")
-    _check(repeats, warmup, statistic)
+    check_timing(repeats, warmup, statistic)
     _check_processes(processes, lockstep, pause_s)
     args = (name, batch_size, dataset, repeats, warmup, statistic, tuple(wire_dtypes), ranks)
     if processes == 1:
@@ -360,7 +360,7 @@ def profile_step(name: str, batch_size: int = 32, *, dataset: str = "digits", pr
         finally:
             torch.set_num_threads(threads)
     else:
-        _builtin(name, dataset)   # a bad name fails here, not in N children
+        builtin_model(name, dataset)   # a bad name fails here, not in N children
         import multiprocessing as mp
         ctx = mp.get_context("spawn")
         queue, barrier, done = ctx.Queue(), ctx.Barrier(processes, timeout=timeout), ctx.Value("i", 0)

@@ -77,7 +77,6 @@ from dataclasses import dataclass
 
 from ..checks import integer
 from .graph import BurstError
-from .pictures import fill_figure  # noqa: F401 (the figure lives with the others; imported from here too)
 from .plan import BurstPlan
 
 OPEN, CLOSE = 0, 1

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from importlib import import_module
 from typing import Any, ClassVar
 
+from ..options import ConfigError
+
 #: the options only some algorithms take, by what they are for (each algorithm lists those it takes)
 ELASTIC = ("rho",)
 PERIOD = ("tau",)
@@ -41,6 +43,8 @@ GRADIENT_STRATEGIES = ("wire_dtype", "sparse_ratio", "comm_hook")
 INNER = ("sync_every", "warmup_steps", "inner_optimizer", "weight_decay")
 OUTER = ("outer_lr", "outer_momentum", "nesterov", "outer_wire_dtype")
 STREAMING = ("fragments", "sync_delay", "fragment_alpha")
+#: every option that only some algorithms take (``RunConfig``'s declarations say the same: ``scoped=True``)
+SCOPED = frozenset(ELASTIC + PERIOD + MOMENTUM + COLLECTIVE + GRADIENT_STRATEGIES + INNER + OUTER + STREAMING)
 
 #: how an algorithm communicates, as the predictor (:mod:`workbench.netsim.predict`) models it
 EXCHANGES = {
@@ -160,8 +164,7 @@ class Algorithm:
 
     def uses(self, option: str) -> bool:
         """Whether it takes the RunConfig option ``option`` (an option every algorithm takes included)."""
-        from ..config import scoped
-        return option in self.options or option not in scoped()
+        return option in self.options or option not in SCOPED
 
     def check(self, cfg: Any) -> None:
         """Its own checks of a :class:`~workbench.config.RunConfig` beyond the options' (raise
@@ -189,7 +192,6 @@ class Periodic(LockStep):
     period: ClassVar[str | None] = "sync_every"
 
     def check(self, cfg: Any) -> None:
-        from ..config import ConfigError
         if cfg.inner_optimizer == "adamw" and cfg.momentum is not None:
             raise ConfigError(f"momentum: inner_optimizer='adamw' uses its betas (0.9, 0.999), not momentum "
                               f"(got {cfg.momentum!r}); leave momentum unset or use inner_optimizer='sgd'")
@@ -199,7 +201,6 @@ class Periodic(LockStep):
 
 def _check_fragments(cfg: Any) -> None:
     """Streaming DiLoCo's fragments against ``sync_every``, ``sync_delay`` and the model's tensors."""
-    from ..config import ConfigError
     if cfg.fragments > cfg.sync_every:
         raise ConfigError(f"fragments must be <= sync_every ({cfg.sync_every}): each of the {cfg.fragments} "
                           f"fragments syncs once every sync_every steps, at least one step apart")
@@ -224,7 +225,6 @@ class MasterBased(Algorithm):
     period: ClassVar[str | None] = "tau"
 
     def check(self, cfg: Any) -> None:
-        from ..config import ConfigError
         if cfg.ranks < 2:
             raise ConfigError(f"ranks must be >= 2 for {cfg.algorithm} (rank 0 is the master)")
         fusion = cfg.communication_options.fusion_bytes

@@ -34,7 +34,7 @@ from ..runtime.rank.context import Context, TrainingError
 from ..telemetry import IN_FLIGHT_TID
 from . import fragments as fragmenting
 from . import rules
-from .sync import SyncAlgorithm, _Background, reduce_flat
+from .sync import SyncAlgorithm, Background, reduce_flat
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -227,7 +227,7 @@ class StreamingDiLoCo(PeriodicAlgorithm):
             with ctx.span("outer_exchange", "comm", fragment=fragment, step=done, **row):
                 exchange_mean(ctx, delta, bounds, self.outer_comm, cfg.outer_wire_dtype)
         # beside the inner steps, the exchange is drawn on the rank's in-flight row (as sync-sgd's buckets)
-        thread = _Background(lambda: send(tid=IN_FLIGHT_TID)) if overlap else send()
+        thread = Background(lambda: send(tid=IN_FLIGHT_TID)) if overlap else send()
         self.pending = (fragment, done + cfg.sync_delay, delta, thread)
 
     def finish(self) -> None:

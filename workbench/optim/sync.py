@@ -83,7 +83,7 @@ def gradient_step_(x: torch.Tensor, velocity: torch.Tensor, reducer: GradientRed
     rules.momentum_sgd_(x, velocity, scratch, lr, momentum, scratch)
 
 
-class _Background:
+class Background:
     """Run a function in a thread (for overlap) and re-raise its error on join."""
 
     def __init__(self, fn) -> None:
@@ -222,7 +222,7 @@ class SyncEASGD(SyncAlgorithm):
             return
         x_sum.copy_(x)  # pre-step weights, summed while the gradient is computed
         if cfg.overlap:
-            comm_thread = _Background(lambda: reduce_flat(ctx, x_sum))
+            comm_thread = Background(lambda: reduce_flat(ctx, x_sum))
             ctx.gradient(step)
             with ctx.span("join_allreduce", "wait"):
                 comm_thread.join()

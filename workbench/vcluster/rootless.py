@@ -4,7 +4,7 @@ Root builds a cluster in the host's own namespaces (the head is the host). Anoth
 where the kernel lets unprivileged users make user namespaces, ``up`` starts a small *holder*
 process in a new user, network and mount namespace, where the user is root::
 
-    unshare --user --map-root-user --net --mount python -m workbench.vcluster.rootless hold ...
+    unshare --user --map-root-user --net --mount python -m workbench.vcluster.holder ...
 
 The holder mounts its own ``/run``, builds the cluster there exactly as root does (its network
 namespace is the head: the bridge, the head's address) and then sleeps; the cluster lives as long
@@ -28,7 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import registry, tools
+from . import registry
 from .tools import VirtualClusterError
 
 #: set in the environment of a command that runs inside a holder's namespaces
@@ -120,7 +120,7 @@ def up(vc, timeout: float = 60.0) -> None:
     with open(log, "w") as out:
         holder = subprocess.Popen(
             ["unshare", "--user", "--map-root-user", "--net", "--mount", "--propagation", "private",
-             sys.executable, "-m", "workbench.vcluster.rootless", "hold", json.dumps(vc.plan.to_dict()), str(ready)],
+             sys.executable, "-m", "workbench.vcluster.holder", json.dumps(vc.plan.to_dict()), str(ready)],
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             env={**os.environ, INSIDE: "1"}, cwd="/", preexec_fn=_one_cpu)
     deadline = time.monotonic() + timeout
@@ -206,28 +206,3 @@ def _one_cpu() -> None:
     on the other CPU can have the lower id. The nodes' own processes are not the holder's children
     (they enter with nsenter) and keep every CPU."""
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-
-
-def hold(plan_json: str, ready: str) -> int:
-    """The holder: inside a new user, network and mount namespace (root there), give the cluster
-    its own ``/run``, build it, tell ``ready`` and sleep until killed."""
-    from .cluster import VirtualCluster
-    from .plan import Plan
-    tools.run(["mount", "-t", "tmpfs", "-o", "mode=755", "wbvrun", "/run"], "mount the holder's /run")
-    Path("/run/netns").mkdir()
-    tools.run(["ip", "link", "set", "dev", "lo", "up"], "the head's loopback")
-    plan = Plan.from_dict(json.loads(plan_json))
-    vc = VirtualCluster(plan.name, plan.nodes, plan.topology, plan.bandwidth, plan.latency, shared=plan.shared,
-                        queue=plan.queue, keep=True)
-    vc.up()
-    Path(ready).write_text(json.dumps({**vc.record, "up_seconds": vc.up_seconds}))
-    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
-    while True:
-        signal.pause()
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 4 and sys.argv[1] == "hold":
-        sys.exit(hold(sys.argv[2], sys.argv[3]))
-    print("usage: python -m workbench.vcluster.rootless hold PLAN_JSON READY_FILE", file=sys.stderr)
-    sys.exit(2)

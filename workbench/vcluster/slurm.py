@@ -23,7 +23,8 @@ import os
 import shutil
 from pathlib import Path
 
-from ..runtime.launch.slurm_local import LocalSlurm, SlurmNode, SlurmUnavailable, _kill, leftover_pids
+from ..runtime.launch.slurm_local import LocalSlurm, SlurmNode, SlurmUnavailable, leftover_pids
+from ..runtime.processes import stop_processes
 from . import tools, wiring
 from .tools import VirtualClusterError
 
@@ -80,7 +81,7 @@ def stop_slurm(vc) -> None:
                 slurm.run(["scancel", "--partition=debug"], timeout=10)
             except Exception:  # noqa: BLE001 - the controller is gone already
                 pass
-        _kill(leftover_pids(root, slurm.cluster), timeout=5)
+        stop_processes(leftover_pids(root, slurm.cluster), grace=5, kill_wait=5.0)
     wiring.kill_processes(vc.plan)
     shutil.rmtree(root_of(vc), ignore_errors=True)
 

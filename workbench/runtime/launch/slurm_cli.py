@@ -1,9 +1,9 @@
-"""``python -m workbench.runtime.launch.slurm_local up|down``: a private Slurm by hand (``make
+"""``python -m workbench.runtime.launch.slurm_cli up|down``: a private Slurm by hand (``make
 slurm-up`` / ``make slurm-down``), and what :class:`~workbench.runtime.launch.slurm_local.LocalSlurm`
 runs under ``sudo -n`` when it is not root.
 
-    python -m workbench.runtime.launch.slurm_local up [--root DIR] [--mpi-default none|pmi2]
-    python -m workbench.runtime.launch.slurm_local down [--root DIR]
+    python -m workbench.runtime.launch.slurm_cli up [--root DIR] [--mpi-default none|pmi2]
+    python -m workbench.runtime.launch.slurm_cli down [--root DIR]
 """
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 
 from workbench.runtime.launch.signals import STOP_SIGNALS
-from workbench.runtime.launch.slurm_local import DEFAULT_ROOT, LocalSlurm, SlurmUnavailable, _kill, leftover_pids
-from workbench.runtime.processes import alive
+from workbench.runtime.launch.slurm_local import DEFAULT_ROOT, LocalSlurm, SlurmUnavailable, leftover_pids
+from workbench.runtime.processes import alive, stop_processes
 
 
 def _up_pid(root: Path) -> int | None:
@@ -30,7 +30,7 @@ def _up_pid(root: Path) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workbench.runtime.launch.slurm_local",
+    parser = argparse.ArgumentParser(prog="python -m workbench.runtime.launch.slurm_cli",
                                      description="A private single-node Slurm (munged, slurmctld, slurmd).")
     sub = parser.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start it, print `export SLURM_CONF=...`, run until Ctrl-C or `down`")
@@ -48,10 +48,10 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.cmd == "down":
         pid = _up_pid(root)
-        _kill([pid] if pid else [], timeout=60)     # `up` stops its Slurm on SIGTERM
+        stop_processes([pid] if pid else [], grace=60, kill_wait=5.0)     # `up` stops its Slurm on SIGTERM
         conf = (root / "slurm.conf").read_text() if (root / "slurm.conf").exists() else ""
         left = leftover_pids(root, conf.split("ClusterName=", 1)[-1].split()[0] if conf else None)
-        _kill(left, timeout=5)       # what an `up` killed with SIGKILL left behind
+        stop_processes(left, grace=5, kill_wait=5.0)       # what an `up` killed with SIGKILL left behind
         print(f"local Slurm under {root}: " + ("stopped" if pid else "was not running") +
               (f", {len(left)} leftover processes killed" if left else ""))
         return 0

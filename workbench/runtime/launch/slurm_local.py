@@ -13,8 +13,8 @@ left and kills what this instance started, and only that. The daemons run as roo
 starts job steps as their users), otherwise through this module's ``up`` under ``sudo -n``;
 what prevents this raises :class:`SlurmUnavailable` with a one-line reason.
 
-    python -m workbench.runtime.launch.slurm_local up [--root DIR] [--mpi-default none|pmi2]
-    python -m workbench.runtime.launch.slurm_local down [--root DIR]
+    python -m workbench.runtime.launch.slurm_cli up [--root DIR] [--mpi-default none|pmi2]
+    python -m workbench.runtime.launch.slurm_cli down [--root DIR]
 """
 from __future__ import annotations
 
@@ -70,11 +70,6 @@ def leftover_pids(root: Path, cluster: str | None = None) -> list[int]:
         with contextlib.suppress(OSError), open(f"/proc/{pid}/environ", "rb") as f:
             found += [pid] if marks & set(f.read().split(b"\0")) else []
     return found
-
-
-def _kill(pids, timeout: float = 10.0) -> None:
-    """SIGTERM, then SIGKILL whatever is still alive after ``timeout`` (5 s more for that)."""
-    stop_processes(pids, grace=timeout, kill_wait=5.0)
 
 
 def _die_with_parent() -> None:
@@ -334,9 +329,9 @@ class LocalSlurm:
         for name in [k for k in self._procs if k.startswith("slurmd")] + ["slurmctld", "munged"]:
             proc = self._procs.pop(name, None)
             if proc is not None:
-                _kill([proc.pid])
+                stop_processes([proc.pid], grace=10.0, kill_wait=5.0)
                 proc.wait()
-        _kill(leftover_pids(self.root, self.cluster), timeout=2)
+        stop_processes(leftover_pids(self.root, self.cluster), grace=2, kill_wait=5.0)
 
     def stop(self) -> None:
         """Cancel the jobs left, stop the daemons and anything else of this instance (its
@@ -353,6 +348,6 @@ class LocalSlurm:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-if __name__ == "__main__":
-    from workbench.runtime.launch.slurm_cli import main
-    sys.exit(main())
+if __name__ == "__main__":  # the old name of the command (`make slurm-up` runs slurm_cli)
+    import runpy
+    runpy.run_module("workbench.runtime.launch.slurm_cli", run_name="__main__", alter_sys=True)
