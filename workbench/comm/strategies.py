@@ -90,12 +90,13 @@ class GradientReducer:
 
     def __init__(self, params: list[torch.nn.Parameter], bounds: list[tuple[int, int]], grad: torch.Tensor,
                  comm: MPI.Comm, collective: str, options: Communication, momentum: float = 0.0,
-                 timeout: float | None = None, hook: Hook | None = None, state: HookState | None = None) -> None:
+                 timeout: float | None = None, hook: Hook | None = None, state: HookState | None = None,
+                 traffic: Traffic | None = None) -> None:
         self.grad, self.options, self.timeout = grad, options, timeout
         if state is None:
             hook, state = make_hook(options, grad, momentum, hook)
         self.hook, self.state = hook, state
-        self.traffic = Traffic()
+        self.traffic = traffic if traffic is not None else Traffic()  # the rank's one counter (Context.traffic)
         self.wire = Wire(comm, collective, self.traffic)
         self.buckets = [GradBucket(i, a, b, ps, grad[a:b], self.wire)
                         for i, (a, b, ps) in enumerate(bucket_bounds(bounds, options.fusion_bytes))]

@@ -167,7 +167,8 @@ class SyncSGD(SyncAlgorithm):
         self.options = cfg.communication_options
         hook = load_hook(cfg.comm_hook) if cfg.comm_hook else None  # a user's hook in place of dense/CSC
         self.reducer = GradientReducer(ctx.flat.params, ctx.flat.bounds, ctx.flat.grad, ctx.comm, cfg.collective,
-                                       self.options, momentum=cfg.hyper.momentum, timeout=cfg.comm_timeout, hook=hook)
+                                       self.options, momentum=cfg.hyper.momentum, timeout=cfg.comm_timeout, hook=hook,
+                                       traffic=ctx.traffic)
         self.csc = self.reducer.csc  # CSC's state (momentum, residual, ratio), or None
         self.scratch = torch.empty_like(ctx.flat.data)  # the update's gradient term (gradient_step_)
 
@@ -194,7 +195,6 @@ class SyncSGD(SyncAlgorithm):
         ctx.gradient(step)  # with overlap, the buckets are issued from the gradient hooks
         with ctx.span("reduce_gradients", "wait", buckets=len(reducer.buckets)):
             apply = reducer.finish()
-        ctx.traffic.update(reducer.traffic.as_dict())  # the reducer is all this algorithm sends
         if not apply:  # a wire overflow on some rank: every rank skips this step
             return
         with ctx.span("update", "compute"):

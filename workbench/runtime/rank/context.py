@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from ... import data as data_mod
 from ... import models
+from ...comm.hooks import Traffic
 from ...config import RunConfig
 from ...optim import rules
 from ...summary import planned_steps
@@ -71,16 +72,17 @@ class Context:
         self.telemetry = Telemetry(self.rank, time.perf_counter_ns()) if cfg.telemetry else None
         if self.telemetry:
             self.telemetry.observers.extend(self.observers)
-        #: this rank's gradient/weight exchange traffic (every algorithm, telemetry on or off):
-        #: bytes on the wire, what dense fp32 would have sent, messages, steps skipped (wire overflow)
-        self.traffic = {"wire_bytes": 0, "dense_wire_bytes": 0, "messages": 0, "skipped_steps": 0}
+        #: this rank's one traffic counter (every algorithm, telemetry on or off; the gradient reducer
+        #: counts into it too): bytes on the wire, what dense fp32 would have sent, messages, steps
+        #: skipped (wire overflow)
+        self.traffic = Traffic()
 
     def count_message(self, wire_bytes: int, dense_wire_bytes: int | None = None) -> None:
         """Count one message this rank sent (``dense_wire_bytes``: its dense fp32 equivalent,
         default the same bytes)."""
-        self.traffic["messages"] += 1
-        self.traffic["wire_bytes"] += wire_bytes
-        self.traffic["dense_wire_bytes"] += wire_bytes if dense_wire_bytes is None else dense_wire_bytes
+        self.traffic.messages += 1
+        self.traffic.wire_bytes += wire_bytes
+        self.traffic.dense_wire_bytes += wire_bytes if dense_wire_bytes is None else dense_wire_bytes
 
     def epoch_of(self, step: int) -> float:
         """The (fractional) epoch a training step falls in."""
@@ -149,7 +151,7 @@ class Context:
                                 f"diverged; lower lr (now {cfg.hyper.lr:g}) or rho (now {cfg.hyper.rho:g})")
         self.add_metric({"kind": "train", "rank": self.rank, "step": step, "t": self.now(), "loss": value,
                          "lr": self.lr(step),
-                         "wire_bytes": self.traffic["wire_bytes"]})  # so far: the live bytes per step
+                         "wire_bytes": self.traffic.wire_bytes})  # so far: the live bytes per step
         return value
 
     #: test rows per forward pass of an evaluation (bounds its memory: resnet18's first block

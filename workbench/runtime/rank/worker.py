@@ -66,7 +66,7 @@ def _finish(ctx: Context, final: torch.Tensor, wall: float, setup: float,
     events = ctx.telemetry.events if ctx.telemetry else []
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     mine = rank_report(ctx.rank, wall, setup, ctx.steps_completed, ctx.cancelled, ctx.metrics, events,
-                       ctx.traffic, {"data_bytes": ctx.data.nbytes, "max_rss_bytes": peak})
+                       ctx.traffic.as_dict(), {"data_bytes": ctx.data.nbytes, "max_rss_bytes": peak})
     everyone = comm.gather(mine, root=0)
     if ctx.rank != 0:
         return None
