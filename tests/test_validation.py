@@ -130,7 +130,7 @@ CASES = [
     ("seed-too-big", lambda t: ({"seed": 2**32}), "seed must be an integer in 0..4294967295"),
     ("seed-2-64", lambda t: ({"seed": 2**64}), "seed must be an integer in 0..4294967295"),
     ("collective-on-master", lambda t: ({"algorithm": "async-easgd", "collective": "ring"}),
-     "collective: async-easgd is master-based"),
+     "collective: async-easgd runs no all-reduce of its own"),
     ("tau-on-sync-sgd", lambda t: ({"algorithm": "sync-sgd", "tau": 4}), "tau: sync-sgd ignores tau=4; leave it at 1"),
     ("rho-on-sgd", lambda t: ({"algorithm": "async-sgd", "rho": 1.0}), "rho: async-sgd has no elastic term"),
     ("momentum-on-easgd", lambda t: ({"algorithm": "sync-easgd", "momentum": 0.9}),
