@@ -28,8 +28,9 @@ from ..runtime.rank import checkpoint
 from ..runtime.rank.context import Context
 from ..summary import planned_steps
 from . import rules
+from .trainer import TAG_DONE, Trainer
 
-TAG_PUSH, TAG_REPLY, TAG_DONE = 11, 12, 13
+TAG_PUSH, TAG_REPLY = 11, 12
 
 
 class _Messages:
@@ -60,60 +61,64 @@ class _Messages:
 
 # -- workers --------------------------------------------------------------------------------
 
-class ElasticWorker:
+class ElasticWorker(Trainer):
     """EASGD-family worker: local steps, and every tau steps an elastic exchange with the master.
 
-    The momentum variant (MEASGD: the registry entry's ``momentum``) takes the momentum steps."""
+    The momentum variant (MEASGD: the definition's ``momentum``) takes the momentum steps."""
 
+    lockstep = False
     #: whether the exchange may overlap the gradient computation (when ``cfg.overlap``)
     overlaps_exchange = True
 
     def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
+        super().__init__(ctx)
         self.msg = _Messages(ctx)
         self.center = torch.empty_like(ctx.flat.data)
         self.velocity = torch.zeros_like(ctx.flat.data)
         self.momentum = ctx.cfg.spec.momentum
+        self.overlap = ctx.cfg.overlap and self.overlaps_exchange
         # the updates' model-sized temporaries, kept (the in-place rules: no fresh tensors a step)
         self.s1, self.s2 = torch.empty_like(ctx.flat.data), torch.empty_like(ctx.flat.data)
 
-    def run(self, resume_dir=None) -> torch.Tensor:
+    def final_weights(self) -> torch.Tensor:
+        return self.ctx.flat.data
+
+    def state(self, step: int) -> dict:
+        return {**super().state(step), "velocity": self.velocity.clone(), "center": self.center.clone()}
+
+    def restore(self, state: dict) -> None:
+        super().restore(state)
+        self.velocity.copy_(state["velocity"])
+        self.center.copy_(state["center"])
+
+    def step(self, step: int) -> None:
         ctx, cfg = self.ctx, self.ctx.cfg
         x, g = ctx.flat.data, ctx.flat.grad
-        overlap = cfg.overlap and self.overlaps_exchange
-        start = _resume_worker(ctx, resume_dir, x=x, velocity=self.velocity, center=self.center)
-        for step in range(start, ctx.steps):
-            if ctx.stop_requested():  # between exchanges: no message is in flight here
-                ctx.cancelled, ctx.steps_completed = True, step
-                break
-            _checkpoint_worker(ctx, step, x=x, velocity=self.velocity, center=self.center)
-            if step % cfg.tau == 0:
-                if overlap:  # send x, receive the center, while the gradient is computed
-                    with ctx.span("exchange_post", "comm", bytes=x.numel() * x.element_size()):
-                        reqs = self.msg.isend(x, 0, TAG_PUSH) + self.msg.irecv(self.center, 0, TAG_REPLY)
-                    ctx.gradient(step)
-                    with ctx.span("exchange_wait", "comm"):
-                        MPI.Request.Waitall(reqs)
-                else:
-                    with ctx.span("exchange", "comm", bytes=x.numel() * x.element_size()):
-                        self.msg.send(x, 0, TAG_PUSH)
-                        self.msg.recv(self.center, 0, TAG_REPLY)
-                    ctx.gradient(step)
-                with ctx.span("update", "compute"):
-                    if self.momentum:
-                        rules.momentum_elastic_worker_(x, self.velocity, g, self.center, ctx.lr(step), cfg.hyper.rho,
-                                                       cfg.hyper.momentum, self.s1, self.s2)
-                    else:
-                        rules.elastic_worker_(x, g, self.center, ctx.lr(step), cfg.hyper.rho, self.s1, self.s2)
-            else:
+        if step % cfg.tau == 0:
+            if self.overlap:  # send x, receive the center, while the gradient is computed
+                with ctx.span("exchange_post", "comm", bytes=x.numel() * x.element_size()):
+                    reqs = self.msg.isend(x, 0, TAG_PUSH) + self.msg.irecv(self.center, 0, TAG_REPLY)
                 ctx.gradient(step)
-                with ctx.span("update", "compute"):
-                    if self.momentum:
-                        rules.momentum_sgd_(x, self.velocity, g, ctx.lr(step), cfg.hyper.momentum, self.s1)
-                    else:
-                        rules.sgd_(x, g, ctx.lr(step), self.s1)
-        ctx.comm.Send(b"", dest=0, tag=TAG_DONE)
-        return x
+                with ctx.span("exchange_wait", "comm"):
+                    MPI.Request.Waitall(reqs)
+            else:
+                with ctx.span("exchange", "comm", bytes=x.numel() * x.element_size()):
+                    self.msg.send(x, 0, TAG_PUSH)
+                    self.msg.recv(self.center, 0, TAG_REPLY)
+                ctx.gradient(step)
+            with ctx.span("update", "compute"):
+                if self.momentum:
+                    rules.momentum_elastic_worker_(x, self.velocity, g, self.center, ctx.lr(step), cfg.hyper.rho,
+                                                   cfg.hyper.momentum, self.s1, self.s2)
+                else:
+                    rules.elastic_worker_(x, g, self.center, ctx.lr(step), cfg.hyper.rho, self.s1, self.s2)
+        else:
+            ctx.gradient(step)
+            with ctx.span("update", "compute"):
+                if self.momentum:
+                    rules.momentum_sgd_(x, self.velocity, g, ctx.lr(step), cfg.hyper.momentum, self.s1)
+                else:
+                    rules.sgd_(x, g, ctx.lr(step), self.s1)
 
 
 class RoundRobinElasticWorker(ElasticWorker):
@@ -123,57 +128,40 @@ class RoundRobinElasticWorker(ElasticWorker):
     overlaps_exchange = False
 
 
-class GradientWorker:
-    """SGD-family worker (Downpour): push the gradient accumulated over tau steps, pull weights."""
+class GradientWorker(Trainer):
+    """SGD-family worker (Downpour): push the gradient accumulated over tau steps, pull weights.
+    A cancel drops the gradient accumulated since the last push."""
+
+    lockstep = False
 
     def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
+        super().__init__(ctx)
         self.msg = _Messages(ctx)
+        self.pushed, self.scratch = torch.zeros_like(ctx.flat.data), torch.empty_like(ctx.flat.data)
 
-    def run(self, resume_dir=None) -> torch.Tensor:
+    def final_weights(self) -> torch.Tensor:
+        return self.ctx.flat.data
+
+    def state(self, step: int) -> dict:
+        return {**super().state(step), "pushed": self.pushed.clone()}
+
+    def restore(self, state: dict) -> None:
+        super().restore(state)
+        self.pushed.copy_(state["pushed"])
+
+    def step(self, step: int) -> None:
         ctx, cfg = self.ctx, self.ctx.cfg
         x, g = ctx.flat.data, ctx.flat.grad
-        pushed, scratch = torch.zeros_like(x), torch.empty_like(x)
-        start = _resume_worker(ctx, resume_dir, x=x, pushed=pushed)
-        for step in range(start, ctx.steps):
-            if ctx.stop_requested():  # the gradient accumulated since the last push is dropped
-                ctx.cancelled, ctx.steps_completed = True, step
-                break
-            _checkpoint_worker(ctx, step, x=x, pushed=pushed)
-            ctx.gradient(step)
-            pushed += g
-            if (step + 1) % cfg.tau == 0 or step == ctx.steps - 1:
-                with ctx.span("exchange", "comm", bytes=x.numel() * x.element_size()):
-                    self.msg.send(pushed, 0, TAG_PUSH)
-                    self.msg.recv(x, 0, TAG_REPLY)
-                pushed.zero_()
-            else:
-                with ctx.span("update", "compute"):
-                    rules.sgd_(x, g, ctx.lr(step), scratch)  # local progress between pushes
-        ctx.comm.Send(b"", dest=0, tag=TAG_DONE)
-        return x
-
-
-def _checkpoint_worker(ctx: Context, step: int, **tensors: torch.Tensor) -> None:
-    """Save this worker's tensors and ``step`` every ``checkpoint_every`` steps (at the top of
-    a step: no exchange is in flight)."""
-    every = ctx.cfg.checkpoint_every
-    if every and step and step % every == 0 and ctx.out_dir is not None:
-        with ctx.span("checkpoint", "io", step=step):
-            checkpoint.save_own(ctx.out_dir, ctx.rank, ctx.size,
-                                {"step": step, **{k: t.clone() for k, t in tensors.items()}})
-
-
-def _resume_worker(ctx: Context, resume_dir, **tensors: torch.Tensor) -> int:
-    """Restore this worker's tensors from its own checkpoint; returns the step to start at."""
-    if resume_dir is None:
-        return 0
-    state = checkpoint.load_own(resume_dir, ctx.rank, ctx.size)
-    if state is None:
-        return 0
-    for name, tensor in tensors.items():
-        tensor.copy_(state[name])
-    return state["step"]
+        ctx.gradient(step)
+        self.pushed += g
+        if (step + 1) % cfg.tau == 0 or step == ctx.steps - 1:
+            with ctx.span("exchange", "comm", bytes=x.numel() * x.element_size()):
+                self.msg.send(self.pushed, 0, TAG_PUSH)
+                self.msg.recv(x, 0, TAG_REPLY)
+            self.pushed.zero_()
+        else:
+            with ctx.span("update", "compute"):
+                rules.sgd_(x, g, ctx.lr(step), self.scratch)  # local progress between pushes
 
 
 # -- the master -----------------------------------------------------------------------------

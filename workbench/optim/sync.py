@@ -32,9 +32,9 @@ from ..comm.mpi_allreduce import choose
 from ..comm.names import AUTO
 from ..comm.strategies import GradientReducer
 from ..comm.options import warmup_ratio
-from ..runtime.rank import checkpoint
 from ..runtime.rank.context import Context
 from . import rules
+from .trainer import Trainer
 
 
 def reduce_flat(ctx: Context, buf: torch.Tensor, bounds: list[tuple[int, int]] | None = None,
@@ -107,57 +107,23 @@ class Background:
             raise self.error
 
 
-class SyncAlgorithm:
-    """Shared loop: resume, steps, evaluation on rank 0, checkpoints, final weights."""
-
-    #: steps between two stop points, where the ranks agree whether the run was cancelled
-    STOP_EVERY = 10
+class SyncAlgorithm(Trainer):
+    """The lock-step family's base: every rank keeps the weights, a velocity and a center, and the
+    one loop (:class:`~workbench.optim.trainer.Trainer`) owns resume, evaluation, checkpoints and the
+    agreed stop points."""
 
     def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
+        super().__init__(ctx)
         self.velocity = torch.zeros_like(ctx.flat.data)
         self.center = ctx.flat.data.clone()
-        self.start_step = 0
 
     def state(self, step: int) -> dict:
-        return {"step": step, "x": self.ctx.flat.data.clone(), "v": self.velocity.clone(),
-                "center": self.center.clone()}
+        return {**super().state(step), "v": self.velocity.clone(), "center": self.center.clone()}
 
     def restore(self, state: dict) -> None:
-        self.ctx.flat.data.copy_(state["x"])
+        super().restore(state)
         self.velocity.copy_(state["v"])
         self.center.copy_(state["center"])
-        self.start_step = state["step"]
-
-    def final_weights(self) -> torch.Tensor:
-        raise NotImplementedError
-
-    def step(self, step: int) -> None:
-        raise NotImplementedError
-
-    def stop_point(self, done: int) -> bool:
-        """Whether the ranks agree after step ``done`` whether to stop (a collective: the same answer on
-        every rank): every :data:`STOP_EVERY` steps, whatever ``eval_every`` is."""
-        return done % self.STOP_EVERY == 0
-
-    def run(self, resume_dir=None) -> torch.Tensor:
-        ctx, cfg = self.ctx, self.ctx.cfg
-        if resume_dir is not None:
-            self.restore(checkpoint.load(resume_dir, ctx.rank, ctx.size))
-        for step in range(self.start_step, ctx.steps):
-            self.step(step)
-            done = step + 1
-            if ctx.rank == 0 and ctx.is_eval_point(done, ctx.steps):
-                ctx.evaluate(self.final_weights(), step=done, epoch=ctx.epoch_of(done))
-            if cfg.checkpoint_every and done % cfg.checkpoint_every == 0 and ctx.out_dir is not None:
-                with ctx.span("checkpoint", "io", step=done):
-                    checkpoint.save(ctx.out_dir, done, self.state(done), ctx.comm)
-            # cancellation: every rank must leave at the same step, so rank 0 decides and
-            # broadcasts (a 1-byte Bcast at each stop point)
-            if self.stop_point(done) and done < ctx.steps and ctx.agree_to_stop():
-                ctx.cancelled, ctx.steps_completed = True, done
-                break
-        return self.final_weights()
 
 
 class SyncSGD(SyncAlgorithm):
