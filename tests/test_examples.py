@@ -62,6 +62,12 @@ def test_dpsgd_trains_sends_two_models_a_step_and_resumes_bit_for_bit(examples_o
     from workbench.store import Store
     runs = Store(tmp_path / "s.sqlite").runs()
     assert set(runs["algorithm"]) == {"dpsgd:DPSGD"} and set(runs["status"]) == {"finished"} and len(runs) == 4
+    listed = subprocess.run([*WORKBENCH, "runs", "--algorithm", "dpsgd:DPSGD", "--store", str(tmp_path / "s.sqlite")],
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0 and "4 of 4 runs" in listed.stdout, listed.stdout + listed.stderr
+    typo = subprocess.run([*WORKBENCH, "runs", "--algorithm", "dpsdg", "--store", str(tmp_path / "s.sqlite")],
+                          capture_output=True, text=True, timeout=120)
+    assert typo.returncode == 2 and typo.stderr.startswith("workbench runs: error: --algorithm: 'dpsdg' is neither")
 
 
 @pytest.mark.mpi

@@ -1,6 +1,8 @@
 """``workbench runs``: the newest runs in the results store."""
 from __future__ import annotations
 
+import sys
+
 from ..optim.registry import ALGORITHMS
 from ..summary import STATUSES
 from .common import open_store, percent, positive_int
@@ -10,8 +12,8 @@ def add_to(sub) -> None:
     runs = sub.add_parser("runs", help="list the runs in the results store, newest first")
     runs.add_argument("--store", metavar="FILE", help="results store (default $WORKBENCH_STORE or "
                                                       "data/workbench.sqlite)")
-    runs.add_argument("--algorithm", choices=list(ALGORITHMS), metavar="ALGORITHM",
-                      help=f"only this algorithm: {', '.join(ALGORITHMS)}")
+    runs.add_argument("--algorithm", metavar="ALGORITHM",
+                      help=f"only this algorithm: {', '.join(ALGORITHMS)}, or the package.module:NAME a run gave")
     runs.add_argument("--status", choices=STATUSES, help="only runs with this status")
     runs.add_argument("--limit", type=positive_int, default=20, help="at most this many rows (default 20)")
     runs.set_defaults(func=list_runs)
@@ -24,6 +26,10 @@ def list_runs(args) -> int:
     from tabulate import tabulate
 
     from ..store import default_path
+    if args.algorithm is not None and args.algorithm not in ALGORITHMS and args.algorithm.count(":") != 1:
+        print(f"workbench runs: error: --algorithm: {args.algorithm!r} is neither one of {', '.join(ALGORITHMS)} nor "
+              "package.module:NAME", file=sys.stderr)
+        return 2
     path = Path(args.store) if args.store else default_path()
     if not path.exists():  # listing must not create an empty store
         print(f"no runs: the results store {path} does not exist yet (workbench train creates it)")

@@ -64,7 +64,8 @@ def launcher_of(args) -> tuple[str, list[str], dict]:
 
 def add_to(sub) -> None:
     train = sub.add_parser("train", help="train one configuration under mpiexec")
-    train.add_argument("--algorithm", required=True, help=f"one of: {', '.join(ALGORITHMS)}")
+    train.add_argument("--algorithm", required=True, help=f"one of: {', '.join(ALGORITHMS)}; or package.module:NAME, "
+                                                          "an Algorithm defined in your module (docs/own-algorithm.md)")
     _training_options(train)
     train.add_argument("--out", metavar="DIR", help="run directory (default data/runs/<run-id>)")
     train.add_argument("--resume", metavar="DIR", help="continue a run from its checkpoint (bitwise for sync-*)")
@@ -72,7 +73,7 @@ def add_to(sub) -> None:
 
     compare = sub.add_parser("compare", help="train several algorithms and print a table")
     compare.add_argument("--algorithms", required=True, help=f"'all' or a comma-separated list of: "
-                                                             f"{', '.join(ALGORITHMS)}")
+                                                             f"{', '.join(ALGORITHMS)} (or package.module:NAME)")
     _training_options(compare)
     compare.add_argument("--target-accuracy", type=float, default=0.9,
                          help="accuracy for the time-to-accuracy column (default 0.9)")
