@@ -32,7 +32,8 @@ from tabulate import tabulate
 
 from workbench.bench.machine import Load, describe
 from workbench.config import RunConfig
-from workbench.optim.registry import ALGORITHMS, LR_SCHEDULES
+from workbench.lr_schedules import LR_SCHEDULES
+from workbench.optim.registry import ALGORITHMS
 from workbench.runtime.launch.batch import train
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -48,7 +48,7 @@ from ddp_peer import RESULTS  # benchmarks/ is sys.path[0] here
 from gradient_comm import WORKBENCH, run_workbench
 
 from workbench.bench.machine import Load, describe
-from workbench.optim.registry import LR_SCHEDULES
+from workbench.lr_schedules import LR_SCHEDULES
 
 ROWS = ["dense", "fp16", "csc-0.1", "csc-0.1-dgc", "csc-0.1-dgc-lr-x3", "csc-0.3", "csc-0.3-dgc", "csc-0.01",
         "csc-0.01-dgc", "csc-0.01-warm-3", "csc-0.01-c16", "csc-0.01-c8", "csc-0.01-c4", "csc-0.01-clip",

@@ -7,7 +7,7 @@ writes them as JSON (default benchmarks/results/ddp_peer_<ranks>ranks.json).
 
 ``--vcluster NAME``: the ranks run on the nodes of a virtual cluster that is up (``workbench vcluster up
 NAME``), one per node (``--ppn``); gloo meets at rank 0's node address on ``eth0``
-(:func:`workbench.runtime.launch.ports.torch_init_method`).
+(:func:`workbench.ports.torch_init_method`).
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def worker(args) -> None:
 
     t_ours = timed(ours.step, args.steps)
 
-    from workbench.runtime.launch.ports import torch_init_method
+    from workbench.ports import torch_init_method
     dist.init_process_group("gloo", init_method=torch_init_method(comm), rank=comm.Get_rank(),
                             world_size=comm.Get_size())
     torch.manual_seed(cfg.seed)
@@ -113,7 +113,7 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
-    from workbench.runtime.launch.mpiexec import run_mpi
+    from workbench.runtime.launch.launcher import run_mpi
     forwarded = [a for a in sys.argv[1:] if a != "--worker"]
     job_dir = None
     if args.vcluster:  # the job's folder must be one the nodes see: the cluster's shared folder

@@ -133,7 +133,7 @@ def ddp_worker(run_dir: Path) -> None:
     from workbench.optim import rules
     from workbench.optim.sync import SyncAlgorithm
     from workbench.runtime.rank.context import Context
-    from workbench.runtime.launch.ports import torch_init_method
+    from workbench.ports import torch_init_method
     from workbench.runtime.rank.worker import _finish
 
     def bf16_on_gloo(state, bucket):
@@ -235,7 +235,7 @@ def launch_ddp(cfg, run_dir: Path, hook: str | None, rank: int | None, start_ite
     ranks on the nodes of ``vcluster`` (one per node) when given; the run folder that finished and
     the failed attempts."""
     from workbench.runtime.launch.blame import MPILaunchError
-    from workbench.runtime.launch.mpiexec import run_mpi
+    from workbench.runtime.launch.launcher import run_mpi
 
     failures = []
     for attempt in range(1 + DDP_RETRIES):

@@ -217,7 +217,7 @@ def mpi_latency(vc, nodes: int, rate_bits: float, folder: Path, timeout: float) 
     repetitions), so only what exceeds it is taken off as transfer time."""
     from workbench.netsim.costs import TCP_PAYLOAD_SHARE, wire_bytes
     from workbench.vcluster.wiring import burst_bytes
-    from workbench.runtime.launch.mpiexec import run_mpi
+    from workbench.runtime.launch.launcher import run_mpi
     path = folder / f"latency-{time.time_ns()}.json"
     run_mpi(nodes, ["-m", "workbench.bench.allreduce", "--sizes", str(PROBE_BYTES), "--algorithms", "ring",
                        "--no-gloo", "--repetitions", "30", "--warmup", "3", "--json", str(path)],

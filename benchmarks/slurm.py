@@ -1,4 +1,4 @@
-"""Slurm against the local path, on a private single-node Slurm (workbench.runtime.launch.slurm_local):
+"""Slurm against the local path, on a private single-node Slurm (workbench.vcluster.slurm_local):
 
 - engine start: ``wb.Cluster(n, engines="slurm").start()`` (sbatch, scheduling, srun, engines
   registering) against ``wb.Cluster(n).start()`` (mpiexec), alternated; stop likewise;
@@ -44,7 +44,7 @@ def main() -> None:
     args = parser.parse_args()
 
     import workbench as wb
-    from workbench.runtime.launch.slurm_local import LocalSlurm
+    from workbench.vcluster.slurm_local import LocalSlurm
 
     load = Load()  # this machine is shared: the numbers move with its load
     scratch = Path(tempfile.mkdtemp(prefix="wb-slurm-bench-"))

@@ -67,7 +67,7 @@ def measure_up(repeats: int, scratch: Path) -> list[dict]:
 def measure_allreduce(rates: list[tuple[str, str | None]], sizes: list[int], repetitions: int, scratch: Path) -> dict:
     from workbench.netsim.study import compare
     from workbench.network import switch
-    from workbench.runtime.launch.mpiexec import run_mpi
+    from workbench.runtime.launch.launcher import run_mpi
     from workbench.sizes import format_size
     from workbench.vcluster.plan import parse_rate
     algorithms = ["ring", "recursive_doubling", "halving_doubling", "binary_tree", "double_binary_tree", "native"]
@@ -108,7 +108,7 @@ def measure_allreduce(rates: list[tuple[str, str | None]], sizes: list[int], rep
 def measure_torus(rates: list[str], sizes: list[int], repetitions: int, scratch: Path) -> dict:
     from workbench.netsim.study import compare
     from workbench.network import torus
-    from workbench.runtime.launch.mpiexec import run_mpi
+    from workbench.runtime.launch.launcher import run_mpi
     from workbench.sizes import format_size
     from workbench.vcluster.plan import parse_rate
     algorithms = ["ring", "ring_2d", "double_binary_tree", "multitree"]
@@ -145,7 +145,7 @@ FOREVER = ("import time\nimport numpy as np\nfrom mpi4py import MPI\na = np.ones
 
 
 def measure_partition(repeats: int, wait: float, scratch: Path) -> dict:
-    from workbench.runtime.launch.mpiexec import MPILaunchError, run_mpi
+    from workbench.runtime.launch.launcher import MPILaunchError, run_mpi
     out = {"heartbeat": [], "mpi_alone": None}
     with _cluster("bpa", 4, shared=scratch / "partition") as vc:
         program = vc.shared / "forever.py"

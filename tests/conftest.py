@@ -10,7 +10,7 @@ import tempfile
 
 import pytest
 
-from workbench.runtime.launch.mpiexec import MPILaunchError, run_mpi
+from workbench.runtime.launch.launcher import MPILaunchError, run_mpi
 
 from engines_fixture import engines  # noqa: F401  (session fixture: runs on warm engines)
 from slurm_fixture import local_slurm  # noqa: F401  (session fixture: a private Slurm)

@@ -1,4 +1,4 @@
-"""The test session's private Slurm (:mod:`workbench.runtime.launch.slurm_local`).
+"""The test session's private Slurm (:mod:`workbench.vcluster.slurm_local`).
 
 ``local_slurm`` starts one :class:`LocalSlurm` (own munged, slurmctld and slurmd on 127.0.0.1
 under a temporary directory; ``MpiDefault=none``) for the whole session and stops it at the end.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.runtime.launch.slurm_local import LocalSlurm, SlurmUnavailable
+from workbench.vcluster.slurm_local import LocalSlurm, SlurmUnavailable
 
 
 @pytest.fixture(scope="session")

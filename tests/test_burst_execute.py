@@ -20,7 +20,7 @@ import pytest
 from workbench.burst.execute import ExecuteError, execute, reference
 from workbench.burst.graph import BurstError
 from workbench.burst.plan import BurstPlan, LayerPlan
-from workbench.runtime.launch import mpiexec
+from workbench.runtime.launch import launcher
 
 pytestmark = pytest.mark.mpi
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,13 +78,13 @@ def test_execute_runs_a_mixed_plan_and_matches_the_reference():
     (make_plan("mlp", [4, 1, 2]), "cnn", r"model 'cnn' has layers 0..7"),
 ])
 def test_bad_plans_are_refused_before_launch(plan, model, match, monkeypatch):
-    monkeypatch.setattr(mpiexec, "run_mpi", lambda *a, **k: pytest.fail("launched a bad plan"))
+    monkeypatch.setattr(launcher, "run_mpi", lambda *a, **k: pytest.fail("launched a bad plan"))
     with pytest.raises(BurstError, match=match):
         execute(plan, model, steps=2)
 
 
 def test_bad_arguments_are_refused_before_launch(monkeypatch):
-    monkeypatch.setattr(mpiexec, "run_mpi", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr(launcher, "run_mpi", lambda *a, **k: pytest.fail("launched"))
     plan = make_plan("mlp", [4, 1, 2])
     for kwargs, match in (({"steps": 0}, "steps must be an integer >= 1"), ({"ranks": 2}, "outside 0..1"),
                           ({"dtype": "float16"}, "dtype one of float32, float64"),

@@ -65,7 +65,7 @@ def test_bench_allreduce_prints_a_table_and_writes_json(tmp_path, monkeypatch):
 
 
 def test_bench_failure_is_reported_with_exit_code_1(tmp_path, monkeypatch, capsys):
-    from workbench.runtime.launch.mpiexec import MPILaunchError
+    from workbench.runtime.launch.launcher import MPILaunchError
 
     def fail(*args, **kwargs):
         raise MPILaunchError("MPI job on 2 ranks exited with code 1: rank(s) 1 failed", [1], "")

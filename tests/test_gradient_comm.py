@@ -96,7 +96,7 @@ def test_unequal_shards_take_the_same_steps_on_every_rank(engines, tmp_path):
 def test_csc_resumes_with_its_momentum_and_residual_bit_for_bit(tmp_path):
     """CSC's momentum and residual (its hook state) are checkpointed with the weights: a run
     that fails and resumes ends where the uninterrupted one does."""
-    from workbench.runtime.launch.mpiexec import MPILaunchError
+    from workbench.runtime.launch.launcher import MPILaunchError
     base = dict(algorithm="sync-sgd", ranks=3, epochs=2, collective="ring", checkpoint_every=20,
                 sparse_ratio=0.1, wire_dtype="fp16")
     whole = train(RunConfig(**base), tmp_path / "whole", timeout=240)

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from workbench.collectives import schedules
-from workbench.runtime.launch.mpiexec import MPILaunchError, run_mpi
+from workbench.runtime.launch.launcher import MPILaunchError, run_mpi
 from workbench.runtime.launch.shm import mapped_shm, remove_orphaned_shm
 
 pytestmark = pytest.mark.mpi

@@ -12,7 +12,7 @@ import torch
 from workbench.config import ConfigError, RunConfig
 from workbench.optim import fragments, rules
 from workbench.runtime.launch.batch import train
-from workbench.runtime.launch.mpiexec import MPILaunchError
+from workbench.runtime.launch.launcher import MPILaunchError
 from workbench.runtime.rank import checkpoint
 
 

@@ -181,7 +181,7 @@ def test_a_killed_rank_is_named_when_another_aborts_before_its_guard_sees_it(tmp
     rank 0 aborts, and the guard goes on only once rank 0 has ended. The guard outlives hydra's kill
     (its own session) and records the signal; blame names the killed rank, not the one that aborted."""
     from workbench.runtime.launch.blame import MPILaunchError
-    from workbench.runtime.launch.mpiexec import run_mpi
+    from workbench.runtime.launch.launcher import run_mpi
     program = tmp_path / "abort_on_go.py"
     program.write_text(ABORT_ON_GO)
     outcome = {}

@@ -147,7 +147,7 @@ def test_cli_launcher_options_are_checked_before_anything_launches(argv, message
     monkeypatch.setenv("WORKBENCH_SRUN", "")
     monkeypatch.setenv("PATH", str(tmp_path))  # no srun on it
     launched = []
-    monkeypatch.setattr("workbench.cli.training.recorded_train", lambda *a, **k: launched.append(a))
+    monkeypatch.setattr("workbench.cli.training.BatchRun.run", lambda *a, **k: launched.append(a))
     code = None
     try:
         code = main(["train", "--algorithm", "sync-sgd", "--store", str(tmp_path / "s.sqlite"), *argv])

@@ -1,4 +1,4 @@
-"""The private single-node Slurm (workbench.runtime.launch.slurm_local) that the Slurm tests
+"""The private single-node Slurm (workbench.vcluster.slurm_local) that the Slurm tests
 run on: MPI ranks under srun, batch jobs, cancelling, a clean stop, clear errors."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from workbench.runtime.launch.slurm_local import LocalSlurm, SlurmUnavailable, leftover_pids
+from workbench.vcluster.slurm_local import LocalSlurm, SlurmUnavailable, leftover_pids
 
 # the venv's python by its absolute path (not resolved: the venv's symlink is what finds mpi4py)
 PYTHON = os.path.abspath(sys.executable)

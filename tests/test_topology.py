@@ -13,7 +13,7 @@ from workbench.network import TopologyError
 from workbench.schedules.topology_aware import multitree_trees
 from workbench.schedules.schedule import Schedule, Transfer, make_schedule
 from workbench.netsim.simulator import link_use, schedule_routes, simulate
-from workbench.runtime.launch.mpiexec import run_mpi
+from workbench.runtime.launch.launcher import run_mpi
 
 ALPHA, B, S = 150e-9, 16e9, 64 << 20
 

@@ -17,7 +17,7 @@ from workbench.data import load as load_data
 from workbench.optim import ALGORITHMS
 from workbench.runtime.rank import checkpoint
 from workbench.runtime.launch.batch import train
-from workbench.runtime.launch.mpiexec import MPILaunchError
+from workbench.runtime.launch.launcher import MPILaunchError
 
 pytestmark = pytest.mark.mpi
 SUMMARY_KEYS = {"algorithm", "ranks", "config", "final_test_accuracy", "final_loss", "wall_seconds",

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from vcluster_fixture import start, vcluster_name
-from workbench.runtime.launch.mpiexec import MPILaunchError, run_mpi
+from workbench.runtime.launch.launcher import MPILaunchError, run_mpi
 from workbench.vcluster import VirtualCluster, registry, tools
 
 pytestmark = [pytest.mark.mpi, pytest.mark.vcluster]
@@ -371,7 +371,7 @@ import socket
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
-from workbench.runtime.launch.ports import torch_init_method
+from workbench.ports import torch_init_method
 comm = MPI.COMM_WORLD
 where = torch_init_method(comm)
 dist.init_process_group("gloo", init_method=where, rank=comm.rank, world_size=comm.size)

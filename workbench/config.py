@@ -24,7 +24,8 @@ from .checks import integer
 from .comm.hookspec import check_hook
 from .comm.names import algorithm_names as collective_names
 from .comm.options import PRESETS, WIRE_DTYPES, Communication, CommunicationError, resolve
-from .optim.registry import ALGORITHMS, LR_SCHEDULES, UnknownAlgorithm, definition_of
+from .lr_schedules import LR_SCHEDULES
+from .optim.registry import ALGORITHMS, UnknownAlgorithm, definition_of
 from .options import (ConfigError, Option, boolean_check, dict_check, integer_check, number_check, one_of, option,
                       optional_integer_check, string_check)
 

@@ -26,3 +26,9 @@ def from_env(variable: str, default: str, *, may_be_off: bool = True) -> Path | 
     if may_be_off and value.strip().lower() in OFF:
         return None
     return Path(value)
+
+
+def state_dir() -> Path:
+    """Where clusters (notebook clusters, virtual clusters) are recorded: ``$WORKBENCH_STATE_DIR`` or
+    ``~/.cache/workbench``."""
+    return from_env("WORKBENCH_STATE_DIR", "", may_be_off=False)

@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from ..comm import allreduce
 from ..comm.tuning import bucket_of, time_interleaved, tuner_for
-from ..runtime.launch.ports import free_port
+from ..ports import free_port
 from ..sizes import format_size, parse_size
 from .machine import Load, describe
 

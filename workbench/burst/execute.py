@@ -330,7 +330,7 @@ def execute(plan: BurstPlan, model_name: str, steps: int = 20, ranks: int | None
     result of :func:`run_plan` (``weights`` a numpy array). ``options``: :data:`OPTIONS`
     (``wait_timeout`` defaults to a quarter of ``timeout``, 5..60 s). The plan is checked first
     (:class:`BurstError`, nothing launched); a failed rank raises :class:`ExecuteError` naming it."""
-    from ..runtime.launch.mpiexec import MPILaunchError, run_mpi
+    from ..runtime.launch.launcher import MPILaunchError, run_mpi
     nranks = integer("ranks", plan.gpus if ranks is None else ranks, error=BurstError)
     integer("steps", steps, error=BurstError)
     unknown = set(options) - set(OPTIONS)

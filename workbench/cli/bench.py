@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from ..comm.names import SUPPORTED_DTYPES, algorithm_names
-from ..runtime.launch.mpiexec import MPILaunchError, run_mpi
+from ..runtime.launch.launcher import MPILaunchError, run_mpi
 from .common import parse_sizes, positive_int, say
 
 DEFAULT_SIZES = "4K,64K,1M,8M,64M"

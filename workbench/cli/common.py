@@ -54,13 +54,6 @@ def open_store(args, command: str):
         return None
 
 
-def signals_ignored():
-    import signal
-
-    from ..runtime.launch.signals import handling_signals
-    return handling_signals(signal.SIG_IGN)
-
-
 def say(text: str) -> None:
     """Print to stderr; a terminal that is gone (SIGHUP) or a closed pipe is not an error."""
     try:

@@ -13,10 +13,10 @@ import sys
 from ..config import RunConfig, options, without_ignored
 from ..optim.registry import ALGORITHMS
 from ..runtime.launch.blame import MPILaunchError
-from ..runtime.launch.mpiexec import LAUNCHER_NAMES
+from ..runtime.launch.launcher import LAUNCHER_NAMES
 from ..summary import PRINTED_KEYS
 from .common import fusion_bytes_argument, interrupt_code, open_store, percent, positive_int, positive_seconds, say
-from .recording import recorded_train
+from ..runtime.client.batch_run import BatchRun
 
 def srun_arguments(text: str) -> list[str]:
     """``--srun-args``: one string of srun arguments, split as a shell would."""
@@ -305,9 +305,9 @@ def train_command(args) -> int:
         resumed_from = store.run_id_of(args.resume) or str(Path(args.resume).resolve())
         print(f"{'resumed_from':20s} {resumed_from}", flush=True)
     try:
-        result = recorded_train(store, run_id, cfg, run_dir, resumed_from=resumed_from, resume=args.resume,
-                                progress=_progress(args), timeout=args.timeout, launcher=launcher,
-                                srun_args=srun_args, **placement)
+        result = BatchRun(store, run_id, cfg, run_dir, resumed_from=resumed_from, progress=_progress(args),
+                          resume=args.resume, timeout=args.timeout, launcher=launcher, srun_args=srun_args,
+                          **placement).run()
     except (MPILaunchError, ValueError, FileNotFoundError) as exc:
         say(f"workbench train: {exc}")
         say(f"workbench train: run {run_id} recorded as failed in {store.path}")
@@ -348,8 +348,8 @@ def compare_command(args) -> int:
             return code
         print(f"{cfg.algorithm}: run {run_id}", flush=True)
         try:
-            result = recorded_train(store, run_id, cfg, parent / cfg.algorithm, progress=_progress(args),
-                                    timeout=args.timeout, launcher=launcher, srun_args=srun_args, **placement)
+            result = BatchRun(store, run_id, cfg, parent / cfg.algorithm, progress=_progress(args),
+                              timeout=args.timeout, launcher=launcher, srun_args=srun_args, **placement).run()
         except MPILaunchError as exc:
             say(f"workbench compare: {cfg.algorithm} failed: {exc}")
             rows.append([cfg.algorithm, "failed", "", "", "", "", run_id])

@@ -27,6 +27,7 @@ from mpi4py import MPI
 from ..runtime.rank import checkpoint
 from ..runtime.rank.context import Context
 from ..summary import planned_steps
+from ..lr_schedules import scheduled_lr
 from . import rules
 from .trainer import TAG_DONE, Trainer
 
@@ -215,7 +216,7 @@ class Master:
         with ctx.span("receive", "comm", source=source):
             self.msg.recv(payload, source, TAG_PUSH)
         n = next(self.arrivals)  # this arrival's number: the schedule follows the master's arrivals
-        lr = rules.scheduled_lr(ctx.base_lr, cfg.lr_schedule, n - 1, self.total_arrivals)
+        lr = scheduled_lr(ctx.base_lr, cfg.lr_schedule, n - 1, self.total_arrivals)
         with ctx.span("apply", "compute", source=source):
             self.apply(payload, reply, lr)
         with ctx.span("reply", "comm", dest=source):

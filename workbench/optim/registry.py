@@ -20,8 +20,6 @@ from .definition import (COLLECTIVE, ELASTIC, GRADIENT_STRATEGIES, INNER, MOMENT
 
 _SYNC, _MASTER, _PERIODIC = "workbench.optim.sync", "workbench.optim.master", "workbench.optim.periodic"
 
-#: learning-rate schedules over a run (``RunConfig.lr_schedule``; :func:`~workbench.optim.rules.scheduled_lr`)
-LR_SCHEDULES = ("constant", "cosine", "step")
 
 #: kept for the names the code used before the definitions (issue 43): an algorithm's entry
 AlgorithmSpec = Algorithm

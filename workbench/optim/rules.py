@@ -9,12 +9,9 @@ maths through these functions, so the maths lives in one readable place.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
 
-from .registry import LR_SCHEDULES
 
 
 def elastic_worker(x: Tensor, grad: Tensor, center: Tensor, lr: float, rho: float) -> Tensor:
@@ -163,18 +160,3 @@ def outer_sgd_(theta: Tensor, buf: Tensor, delta: Tensor, lr: float, momentum: f
 def mix_(local: Tensor, outer: Tensor, alpha: float, s1: Tensor) -> None:
     """:func:`mix` in place: ``local`` becomes ``alpha*local + (1-alpha)*outer``."""
     local.mul_(alpha).add_(torch.mul(outer, 1 - alpha, out=s1))
-
-
-def scheduled_lr(lr: float, schedule: str, done: int, total: int) -> float:
-    """The learning rate after ``done`` of ``total`` steps (or a master's arrivals): ``constant``
-    is ``lr`` itself; ``cosine`` is ``lr * (1 + cos(pi * done / total)) / 2`` (``lr`` at the first
-    step, towards 0 at the last); ``step`` divides ``lr`` by 10 at half the run and again at three
-    quarters (the schedule of He et al.'s ResNets, by share of the run rather than by epoch)."""
-    if schedule == "constant" or total <= 0:
-        return lr
-    share = min(max(done / total, 0.0), 1.0)
-    if schedule == "cosine":
-        return lr * 0.5 * (1.0 + math.cos(math.pi * share))
-    if schedule == "step":
-        return lr * (0.01 if share >= 0.75 else 0.1 if share >= 0.5 else 1.0)
-    raise ValueError(f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {schedule!r}")

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from ..paths import state_dir
 from . import registry, tools, wiring
 from .plan import PREFIX, Plan, PlanError, format_rate
 from .wiring import VirtualClusterError
@@ -34,11 +35,6 @@ from .wiring import VirtualClusterError
 #: node still meet in MPICH's own shared memory.
 MPI_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0",
            "GLOO_SOCKET_IFNAME": "eth0"}
-
-
-def _state_dir() -> Path:
-    from ..runtime.client.records import state_dir
-    return state_dir()
 
 
 class VirtualCluster:
@@ -55,7 +51,7 @@ class VirtualCluster:
     def __init__(self, name: str = "vc", nodes: int = 4, topology: str = "switch", bandwidth: str | int = "1gbit",
                  latency: str | float | None = None, *, slurm: bool = False, shared: str | os.PathLike | None = None,
                  queue: str | int | None = None, keep: bool = False) -> None:
-        shared = Path(shared).absolute() if shared else _state_dir().absolute() / "vcluster" / str(name) / "shared"
+        shared = Path(shared).absolute() if shared else state_dir().absolute() / "vcluster" / str(name) / "shared"
         self.plan = Plan(name, nodes, topology, bandwidth, latency, slurm, shared=str(shared), queue=queue)
         self.keep = keep
         self.record: dict | None = None
@@ -270,7 +266,7 @@ class VirtualCluster:
 
     def run_options(self, nranks: int, ppn: int = 1, job_dir: str | os.PathLike | None = None,
                     cwd: str | os.PathLike | None = None) -> dict:
-        """Keyword arguments of :func:`~workbench.runtime.launch.mpiexec.run_mpi` that run its ranks on
+        """Keyword arguments of :func:`~workbench.runtime.launch.launcher.run_mpi` that run its ranks on
         the nodes: hosts and launcher, transport, the job's folder (``job_dir``, default the shared
         folder's ``jobs/``: the nodes write there) and the head address for the ranks' heartbeats."""
         job_dir = Path(job_dir) if job_dir is not None else self.shared / "jobs"

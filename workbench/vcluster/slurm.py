@@ -1,6 +1,6 @@
 """A Slurm across a virtual cluster: slurmctld on the head, one slurmd on every node.
 
-:class:`~workbench.runtime.launch.slurm_local.LocalSlurm` with the cluster's machines: each node is
+:class:`~workbench.vcluster.slurm_local.LocalSlurm` with the cluster's machines: each node is
 a ``SlurmNode`` (NodeName = its hostname, NodeAddr = its address, slurmd started inside its
 namespaces with ``nsenter``, which keeps the host's ``/sys``: ``ip netns exec`` remounts it and
 slurmd then finds no cgroup file system). slurmctld runs in the head's own UTS and mount
@@ -23,7 +23,7 @@ import os
 import shutil
 from pathlib import Path
 
-from ..runtime.launch.slurm_local import LocalSlurm, SlurmNode, SlurmUnavailable, leftover_pids
+from .slurm_local import LocalSlurm, SlurmNode, SlurmUnavailable, leftover_pids
 from ..runtime.processes import stop_processes
 from . import tools, wiring
 from .tools import VirtualClusterError

@@ -48,7 +48,8 @@ from ..launch.shm import remove_orphaned_shm
 from ..processes import alive
 from .ipp_setup import KeptLog, use_slurm_of, virtual_cluster
 from .records import (cleanup_stale_clusters, cmdline, guard_dir, kill, processes_of, record_path,  # noqa: F401 - cleanup_stale_clusters re-exported
-                      remove_files_of, state_dir, write_record)
+                      remove_files_of, write_record)
+from ...paths import state_dir
 
 #: seconds between two looks at a Slurm engine job's state while the engines come up
 SLURM_POLL_SECONDS = 0.5
@@ -261,7 +262,7 @@ class Cluster:
         # warm up: import the training code in the background, so the first train() starts fast
         view.execute("import workbench.runtime.rank.sink", block=False)
 
-    def _local_ranks(self) -> dict[int, int]:
+    def local_ranks(self) -> dict[int, int]:
         """rank -> engine pid of the engines this process can see: all of a local cluster's and a
         virtual cluster's (its nodes share this host's process table), the ones on this host of a
         Slurm cluster (other batch systems: none)."""
@@ -274,7 +275,7 @@ class Cluster:
 
     def dead_ranks(self) -> list[int]:
         """Ranks whose engine process is gone or a zombie (engines on this host only; [] otherwise)."""
-        return [rank for rank, pid in self._local_ranks().items() if not alive(pid)]
+        return [rank for rank, pid in self.local_ranks().items() if not alive(pid)]
 
     def exits(self) -> list[dict]:
         """How this cluster's engines that ended did, the first to end first, as recorded by each

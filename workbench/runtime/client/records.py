@@ -18,17 +18,12 @@ from pathlib import Path
 import psutil
 
 from ...files import atomic_write
-from ...paths import from_env
+from ...paths import state_dir
 from ..launch.shm import remove_orphaned_shm
 from ..processes import stop_processes
 
 #: environment variable that marks every process of a cluster with its id
 CLUSTER_ID_ENV = "WORKBENCH_CLUSTER_ID"
-
-
-def state_dir() -> Path:
-    """Where clusters are recorded: ``$WORKBENCH_STATE_DIR`` or ``~/.cache/workbench``."""
-    return from_env("WORKBENCH_STATE_DIR", "", may_be_off=False)
 
 
 def guard_dir(cluster_id: str, base: Path | None = None) -> Path:

@@ -29,12 +29,12 @@ from pathlib import Path
 import zmq
 
 from ...config import RunConfig
-from ...results import LiveSource, RunObserver, RunResult, history_frame
+from ...results import RunResult
 from ..rundir import CANCEL_FILE, make_run_dir, run_id_for, runs_root
 from ..launch.blame import first_cause, who_is
-from ..rank.sink import engine_train
 from ..stream import MAX_MESSAGE_BYTES, new_secret, verify
-from .run_state import RunState
+from .engines import Engines
+from .handle import RunError, RunHandle, expected_steps, open_store
 
 GRACE_SECONDS = 3.0
 #: seconds an engine may be dead while the run goes on before the others are stopped (a whole MPI
@@ -42,64 +42,34 @@ GRACE_SECONDS = 3.0
 DEAD_GRACE_SECONDS = 5.0
 STORE_EVERY_SECONDS = 1.0
 
-
-class RunError(RuntimeError):
-    """A run failed; ``rank`` is the failing rank (None if unknown), ``traceback`` its traceback."""
-
-    def __init__(self, message: str, rank: int | None = None, traceback: str | None = None) -> None:
-        super().__init__(message)
-        self.rank, self.traceback = rank, traceback
+__all__ = ["Run", "RunError", "expected_steps"]
 
 
-def expected_steps(cfg: RunConfig) -> int:
-    """The run's steps, for the progress bar: from the data set's size, without loading it."""
-    from ... import data as data_mod
-    from ...summary import planned_steps
-    train_samples = data_mod.describe(cfg.dataset, **cfg.data_sizes).train_samples
-    return sum(planned_steps(train_samples, cfg.workers, cfg.batch_size, cfg.epochs, cfg.spec.synchronous))
-
-
-def _open_store(store):
-    if store is False:
-        return None
-    from ...store import Store
-    return store if isinstance(store, Store) else Store(store)
-
-
-class Run(LiveSource):
-    """A live run. ``history`` (DataFrame) and ``trace`` (list of spans) grow while it trains."""
+class Run(RunHandle):
+    """A live run (a :class:`~.handle.RunHandle`) on a cluster's engines (an :class:`~.engines.Engines`
+    launcher), its records coming on a signed ZeroMQ stream. ``history`` (DataFrame) and ``trace`` (list
+    of spans) grow while it trains."""
 
     def __init__(self, cluster, cfg: RunConfig, run_dir=None, *, store=None, timeout: float = 3600.0,
                  sweep_id: str | None = None, sweep_key: str | None = None) -> None:
-        self.cluster, self.cfg, self.config = cluster, cfg, cfg.to_dict()
-        self.store = _open_store(store)
+        self.cluster, self.cfg = cluster, cfg
+        store = open_store(store)
         # a unique id in the store whatever the folder is called; a folder that holds a run is refused
-        self.run_id = run_id_for(run_dir, cfg, self.store)
+        run_id = run_id_for(run_dir, cfg, store)
         if cluster.vcluster is not None:  # rank 0 writes the run's files, every rank reads CANCEL there
             from ..launch.batch import check_visible, runs_folder
-            run_dir = Path(run_dir) if run_dir is not None else runs_folder(cluster.vcluster) / self.run_id
+            run_dir = Path(run_dir) if run_dir is not None else runs_folder(cluster.vcluster) / run_id
             check_visible(cluster.vcluster, {"run_dir": run_dir})
-        run_dir = Path(run_dir if run_dir is not None else runs_root() / self.run_id)
-        self.run_dir = make_run_dir(run_dir).resolve()
+        run_dir = make_run_dir(Path(run_dir if run_dir is not None else runs_root() / run_id)).resolve()
+        super().__init__(run_id, cfg.to_dict(), run_dir, store, expected_steps(cfg))
         (self.run_dir / "config.json").write_text(cfg.to_json())
-        self.total_steps = expected_steps(cfg)
-        self._state = RunState(self.run_id)
-        self.error, self.summary, self.result = None, None, None
-        self.failed_rank: int | None = None
         self._first_dead: int | None = None  # the rank whose engine was seen dead first
         self._killed = False  # this run killed the engines itself (deaths after that are ours)
         self.latencies: deque[float] = deque(maxlen=100_000)  # seconds from rank send to receipt
-        self._records: list[dict] = []
-        self._spans: list[dict] = []
-        self._observers: list[RunObserver] = []
-        self._lock = threading.Lock()
-        self._done = threading.Event()
         self._cancel_requested = False
         self._timeout = timeout
         self.started = time.time()
-        if self.store is not None:
-            self.store.start_run(self.run_id, self.config, run_dir=str(self.run_dir),
-                                 sweep_id=sweep_id, sweep_key=sweep_key)
+        self._record_start(sweep_id=sweep_id, sweep_key=sweep_key)
         self.rejected_messages = 0  # live-stream messages dropped: not signed with this run's secret
         self._secret = new_secret()
         self._context = zmq.Context.instance()
@@ -107,45 +77,12 @@ class Run(LiveSource):
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         port = self._socket.bind_to_random_port(f"tcp://{cluster.listen_ip}")
         self.address = address = f"tcp://{cluster.advertised_ip}:{port}"  # the live stream (signed messages only)
-        self._async = cluster.view().apply_async(engine_train, self.config, str(self.run_dir),
-                                                 address, self.run_id, self._secret)
+        self.launcher = Engines(cluster, self.config, str(self.run_dir), address, self.run_id, self._secret)
+        self.launcher.start()
         self._thread = threading.Thread(target=self._receive, name=f"run-{self.run_id}", daemon=True)
         self._thread.start()
 
     # -- what the notebook sees ------------------------------------------------------------
-    @property
-    def status(self) -> str:
-        """``running``, then ``finished``, ``cancelled`` or ``failed`` (:mod:`.run_state`)."""
-        return self._state.status
-
-    @property
-    def ended(self) -> float | None:
-        """When the run's status left ``running`` (unix seconds), or None while it runs."""
-        return self._state.ended
-
-    def _transition(self, new: str, error: str | None = None, *, if_running: bool = False) -> None:
-        """The one place the status changes (:meth:`RunState.move`: an illegal change raises
-        :class:`RunStateError`; ``if_running``: only a running run); ``error``, when given and the
-        status changed, becomes the run's error. Recording the end
-        (the result, the store's row, waking ``wait()`` and the observers) is done once, by
-        ``_finish``, when the receiver has stopped: a run is stopped (its status set) before its
-        engines are killed and its result assembled."""
-        if self._state.move(new, if_running=if_running) and error is not None:
-            self.error = error
-
-    @property
-    def history(self):
-        """Metric records so far as a DataFrame (a snapshot; see workbench.results)."""
-        with self._lock:
-            records = list(self._records)
-        return history_frame(records)
-
-    @property
-    def trace(self) -> list[dict]:
-        """Chrome-trace spans so far (a snapshot)."""
-        with self._lock:
-            return list(self._spans)
-
     def wait(self, timeout: float | None = None) -> RunResult:
         """Block until the run ends and return its :class:`RunResult`.
 
@@ -153,19 +90,13 @@ class Run(LiveSource):
         :class:`RunError` naming the rank when a rank failed. Interrupting the kernel here
         cancels the run (and re-raises ``KeyboardInterrupt``).
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            while not self._done.wait(0.1):  # short waits: KeyboardInterrupt gets through
-                if deadline is not None and time.monotonic() > deadline:
-                    raise TimeoutError(f"run {self.run_id} still going after {timeout:g} s "
-                                       "(it goes on; wait() again or cancel() it)")
+            self._wait_done(timeout)
         except KeyboardInterrupt:
             self.cancel()
             raise
         self._restart_if_needed()
-        if self.status == "failed":
-            raise RunError(self.error, rank=self.failed_rank, traceback=self.error)
-        return self.result
+        return self._outcome()
 
     def cancel(self, timeout: float = 30.0) -> RunResult | None:
         """Ask the ranks to stop; kill them if they have not within ``timeout`` seconds."""
@@ -185,17 +116,12 @@ class Run(LiveSource):
                 and not self.cluster.failed_nodes()):
             self.cluster.restart_engines()
 
-    def __repr__(self) -> str:
-        steps = sum(1 for r in self._records if r.get("kind") == "train")
-        return f"<workbench.Run {self.run_id} {self.cfg.algorithm} {self.status}: {steps}/{self.total_steps} steps>"
-
     # -- receiver thread -------------------------------------------------------------------
     def _receive(self) -> None:
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
         deadline = time.monotonic() + self._timeout
         fail_deadline = None
-        stored = 0
         next_store = time.monotonic() + STORE_EVERY_SECONDS
         next_health_check = 0.0
         dead_since = None
@@ -205,18 +131,18 @@ class Run(LiveSource):
                     self._drain()
                 now = time.monotonic()
                 if self.store is not None and now >= next_store:
-                    stored = self._store_metrics(stored)
+                    self._store_records()
                     next_store = now + STORE_EVERY_SECONDS
                 if now >= next_health_check:
                     # MPI kills the whole job when one engine dies, about a second later: a
                     # rank seen dead alone is the one that died first
-                    dead = self.cluster.dead_ranks()
+                    dead = self.launcher.dead()
                     if self._first_dead is None:
                         self._first_dead = dead[0] if len(dead) == 1 else None
                     dead_since = dead_since if dead else None
                     dead_since = dead_since or (now if dead else None)
                     next_health_check = now + 0.02
-                    if dead_since is not None and now - dead_since > DEAD_GRACE_SECONDS and not self._async.ready():
+                    if dead_since is not None and now - dead_since > DEAD_GRACE_SECONDS and not self.launcher.ended():
                         # engines died and the others did not end: they wait in MPI for the dead
                         self._hard_stop("failed", f"engines of ranks {dead} died and the run did not end; it was "
                                                   "stopped")
@@ -227,7 +153,7 @@ class Run(LiveSource):
                         self._hard_stop("failed", f"{describe(lost, self.cluster.hosts)}; the run was stopped")
                         self.failed_rank = lost[0]["rank"]
                         break
-                if self._async.ready():
+                if self.launcher.ended():
                     self._drain()
                     break
                 if self.failed_rank is not None and fail_deadline is None:
@@ -240,7 +166,7 @@ class Run(LiveSource):
                     (self.run_dir / CANCEL_FILE).write_text("timeout")
                     fail_deadline = now + 30.0
                     self.error = f"run timed out after {self._timeout:g} s and was cancelled"
-            self._finish(stored)
+            self._finish()
         except BaseException as exc:  # noqa: BLE001 - never leave wait() hanging
             why = f"workbench: the run's receiver failed: {exc!r}"
             if self.status == "failed":  # final: the first failure stays the cause
@@ -252,7 +178,7 @@ class Run(LiveSource):
             self._socket.close(linger=0)
 
     def _drain(self) -> None:
-        got = False
+        records, spans = [], []
         while True:
             try:
                 frames = self._socket.recv_multipart(zmq.NOBLOCK)
@@ -262,24 +188,13 @@ class Run(LiveSource):
             if message is None:  # not from this run's ranks: dropped unread
                 self.rejected_messages += 1
                 continue
-            got = True
             received = time.time()
             self.latencies.append(received - message["sent"])
-            with self._lock:
-                self._records.extend(message.get("metrics", ()))
-                self._spans.extend(message.get("spans", ()))
+            records.extend(message.get("metrics", ()))
+            spans.extend(message.get("spans", ()))
             if "error" in message and self.failed_rank is None:
                 self.failed_rank, self.error = message["rank"], message["error"]
-        if got:
-            for obs in self._observers:
-                obs.on_data(self)
-
-    def _store_metrics(self, stored: int) -> int:
-        with self._lock:
-            new = self._records[stored:]
-        if new:
-            self.store.append_metrics(self.run_id, new)
-        return stored + len(new)
+        self._add(records, spans)
 
     def _hard_stop(self, status: str, error: str | None) -> None:
         """Stop the run as ``status`` (unless it was stopped already) and kill its engines."""
@@ -290,7 +205,7 @@ class Run(LiveSource):
                 self.failed_rank, error = blame
             self._transition(status, error, if_running=True)
         self._killed = True
-        self.cluster.kill_engines()
+        self.launcher.stop()
 
     def _dead_engine(self) -> tuple[int | None, str] | None:
         """If an engine process died, the first to die as the cause: (its rank, how it died, with its
@@ -304,8 +219,8 @@ class Run(LiveSource):
         """
         if self._killed:
             return None
-        exits = [e for e in self.cluster.exits() if not e.get("launcher_stopped")]  # killed as its job ended
-        first = first_cause(exits, abort_kills_all=self.cluster.engines == "slurm") or (exits[0] if exits else None)
+        _, exits = self.launcher.records()  # without those killed as their job ended
+        first = first_cause(exits, abort_kills_all=self.launcher.abort_kills_all) or (exits[0] if exits else None)
         failed = self.cluster.failed_nodes()
         if failed:  # the batch system lost a node: that, not the ranks it then killed, is the cause
             on = {r: h for r, h in self.cluster.hosts.items() if h in failed}
@@ -330,7 +245,7 @@ class Run(LiveSource):
             text += f"\nAfter it died, rank {self.failed_rank} reported:\n{self.error}"
         return rank, text
 
-    def _outcome(self) -> str:
+    def _ending(self) -> str:
         """How a run whose engines returned ended: ``failed`` (the cause named in ``failed_rank`` and
         ``error``), ``cancelled`` or ``finished`` (with its result, read from the run's files)."""
         blame = self._dead_engine()
@@ -338,12 +253,12 @@ class Run(LiveSource):
             self.failed_rank, self.error = blame
         died = blame is not None
         if self.failed_rank is None:
-            rank, text, died_unrecorded = self._engine_error()
+            rank, text, died_unrecorded = self.launcher.error()
             died = died or died_unrecorded
             if text:
                 self.failed_rank, self.error = rank, text
         if died:
-            self.cluster.kill_engines()  # MPI lost a rank: the rest of the job is gone or stuck
+            self.launcher.stop()  # MPI lost a rank: the rest of the job is gone or stuck
         if self.error and not self._cancel_requested:
             return "failed"
         if not (self.run_dir / "summary.json").exists():
@@ -353,31 +268,7 @@ class Run(LiveSource):
         self.summary = self.result.summary
         return "cancelled" if self.summary.get("cancelled") or self._cancel_requested else "finished"
 
-    def _engine_error(self) -> tuple[int | None, str, bool]:
-        """The engines' exception as (rank, text, an engine died) when no rank reported its own
-        and no engine's death was recorded: an error before the live stream opened, or an engine
-        that died unrecorded."""
-        try:
-            self._async.get(timeout=0)
-        except Exception as exc:  # noqa: BLE001 - ipyparallel's CompositeError / EngineError
-            errors = list(getattr(exc, "elist", ())) or [(type(exc).__name__, str(exc), "", {})]
-            if any(name == "EngineError" for name, *_ in errors):
-                return None, ("an engine died (killed, out of memory, or crashed outside Python); MPI "
-                              "stopped the other ranks.\n" + "\n".join(str(e[1]) for e in errors)), True
-            name, value, text, info = errors[0]
-            rank = self.cluster.ranks.get((info or {}).get("engine_id"))
-            return rank, f"rank {rank} failed: {name}: {value}\n{text}", False
-        return None, "", False
-
-    def _finish(self, stored: int) -> None:
+    def _finish(self) -> None:
         if self.status == "running":  # the engines returned (cleanly or with an error)
-            self._transition(self._outcome(), if_running=True)  # unless cancel() stopped it meanwhile
-        if self.result is None:  # no summary: what the live stream brought is the record
-            self.result = RunResult(run_id=self.run_id, config=self.config, history=self.history,
-                                    trace=self.trace, error=self.error, run_dir=str(self.run_dir))
-        self.result.status = self.status
-        if self.store is not None:
-            self.store.finish(self.result)
-        self._done.set()
-        for obs in self._observers:
-            obs.on_finish(self)
+            self._transition(self._ending(), if_running=True)  # unless cancel() stopped it meanwhile
+        self._end()

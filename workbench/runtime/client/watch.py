@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 from ...config import RunConfig
-from ...results import LiveSource, RunObserver, RunResult, history_frame
+from ...results import history_frame
+from .handle import RunError, RunHandle, expected_steps
 
 #: seconds between looks at the store
 WATCH_SECONDS = 1.0
@@ -32,11 +32,17 @@ def watch(run_id: str, store=None, interval: float = WATCH_SECONDS) -> "WatchedR
     return WatchedRun(run_id, store, interval)
 
 
-class WatchedRun(LiveSource):
-    """A run in the store as it goes: ``status``, ``history`` (DataFrame) grow; ``trace``,
-    ``summary`` and ``result`` arrive when it ends. See the module's text."""
+class WatchedRun(RunHandle):
+    """A run in the store as it goes (a :class:`~.handle.RunHandle` whose records come from the store's
+    row): ``status``, ``history`` (DataFrame) grow; ``trace``, ``summary`` and ``result`` arrive when it
+    ends. See the module's text."""
+
+    kind = "WatchedRun"
+    _stop_hint = ""  # watching never stops the run
 
     def __init__(self, run_id: str, store=None, interval: float = WATCH_SECONDS) -> None:
+        from pathlib import Path
+
         from ...store import Store, default_path
         if not isinstance(store, Store):
             path = Path(store) if store is not None else default_path()
@@ -44,15 +50,12 @@ class WatchedRun(LiveSource):
                 raise FileNotFoundError(f"store: the results store {path} does not exist (workbench train creates "
                                         "it; pass store= the one the run is recorded in)")
             store = Store(path)
-        self.store = store
-        self.run_id, self.interval = run_id, interval
-        status, self.error, records, self._seq, self.config = self.store.follow(run_id, -1)
-        self.total_steps = _expected_steps(self.config)
-        self._records, self._history = list(records), None
-        self.summary, self.trace, self.result = None, [], None
-        self.status = "running"
-        self._observers: list[RunObserver] = []
-        self._lock, self._done = threading.Lock(), threading.Event()
+        self.interval = interval
+        status, error, records, self._seq, config = store.follow(run_id, -1)
+        # the store is read, never written: the handle records nothing (store=None); self.store reads
+        super().__init__(run_id, config, None, None, _expected_steps(config))
+        self.store, self.error, self._history = store, error, None
+        self._records.extend(records)
         self._ended(status)
         if not self._done.is_set():
             threading.Thread(target=self._follow, name=f"watch-{run_id}", daemon=True).start()
@@ -64,31 +67,17 @@ class WatchedRun(LiveSource):
                 self._history = self.result.history if self.result is not None else history_frame(self._records)
             return self._history
 
-    def wait(self, timeout: float | None = None) -> RunResult:
-        """The stored run once it ends; TimeoutError after ``timeout`` s (the run goes on), RunError
-        with the stored error when it failed."""
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"run {self.run_id} still {self.status} after {timeout:g} s (it goes on; wait() again)")
-        if self.status == "failed":
-            from .run import RunError
-            raise RunError(self.error or "the run failed")
-        return self.result
-
-    def __repr__(self) -> str:
-        steps = sum(1 for r in self._records if r.get("kind") == "train")
-        return f"<workbench.WatchedRun {self.run_id} {self.status}: {steps}/{self.total_steps} steps>"
+    def _add(self, records=(), spans=()) -> None:
+        with self._lock:
+            self._history = None
+        super()._add(records, spans)
 
     def _follow(self) -> None:
         while not self._done.is_set():
             time.sleep(self.interval)
             try:
                 status, self.error, records, self._seq, _ = self.store.follow(self.run_id, self._seq)
-                if records:
-                    with self._lock:
-                        self._records.extend(records)
-                        self._history = None
-                    for obs in list(self._observers):
-                        obs.on_data(self)
+                self._add(records)
             except Exception as exc:  # noqa: BLE001 - the run was deleted, the store moved: say so, end (wait() returns)
                 status, self.error = "failed", f"workbench: watching run {self.run_id} stopped: {exc!r}"
             self._ended(status)
@@ -99,12 +88,14 @@ class WatchedRun(LiveSource):
             return
         try:
             self.result = self.store.load(self.run_id)
-            self.summary, self.trace, self.error = self.result.summary, self.result.trace, self.result.error
+            self.summary, self.error = self.result.summary, self.result.error
+            with self._lock:
+                self._spans[:] = self.result.trace
         except Exception:  # noqa: BLE001 - the records seen so far and the error stand
             pass
         with self._lock:
             self._history = None
-        self.status = status
+        self._transition(status)
         self._done.set()
         for obs in list(self._observers):
             obs.on_finish(self)
@@ -112,8 +103,10 @@ class WatchedRun(LiveSource):
 
 def _expected_steps(config: dict) -> int | None:
     """The run's planned steps (the dashboard's 100%), or None when its data set cannot be read here."""
-    from .run import expected_steps
     try:
         return expected_steps(RunConfig.from_dict(config))
     except Exception:  # noqa: BLE001 - a data set on the cluster's file system only: no progress bar
         return None
+
+
+__all__ = ["RunError", "WatchedRun", "watch"]

@@ -16,7 +16,8 @@ from pathlib import Path
 from ...config import RunConfig
 from . import slurm
 from .blame import NOT_ONE_JOB, MPILaunchError
-from .mpiexec import default_launcher, run_mpi
+from .launcher import run_mpi
+from .mpiexec import default_launcher
 from .signals import RunInterrupted
 from ..live import following
 from ..rundir import CANCEL_FILE, make_run_dir, new_run_id, runs_root
@@ -42,7 +43,7 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
     checkpoint (bit for bit for the synchronous algorithms; each rank from its own newest state
     for the asynchronous ones) as a new run in ``run_dir``; ``resume``'s files stay as they were.
     ``run_dir`` defaults to ``data/runs/<new run id>``; a directory that already holds a run is
-    refused (:func:`make_run_dir`). Raises :class:`~workbench.runtime.launch.mpiexec.MPILaunchError`
+    refused (:func:`make_run_dir`). Raises :class:`~workbench.runtime.launch.blame.MPILaunchError`
     naming the failed rank.
 
     SIGINT, SIGTERM or SIGHUP while it runs (from the main thread) write ``run_dir/CANCEL``: the

@@ -1,6 +1,6 @@
 """One launched MPI job seen from this host: its output (captured, echoed when streaming), the
 processes under the launcher, the signals this process got while it ran, the ranks' heartbeats,
-and stopping all of it. Used by :func:`workbench.runtime.launch.mpiexec.run_mpi`."""
+and stopping all of it. Used by :func:`workbench.runtime.launch.launcher.run_mpi`."""
 from __future__ import annotations
 
 import codecs

@@ -71,6 +71,12 @@ def deferred_signals():
         raise RunInterrupted(got[0])
 
 
+def signals_ignored():
+    """SIGINT, SIGTERM and SIGHUP ignored for the block (recording a run that is stopping already: a
+    second signal must not leave its row ``running``)."""
+    return handling_signals(signal.SIG_IGN)
+
+
 def raise_interrupted(signum: int, frame=None) -> None:
     """A signal handler: SIGTERM and SIGHUP end the command like Ctrl-C does, as an exception."""
     raise RunInterrupted(signum)

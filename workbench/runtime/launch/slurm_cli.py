@@ -1,5 +1,5 @@
 """``python -m workbench.runtime.launch.slurm_cli up|down``: a private Slurm by hand (``make
-slurm-up`` / ``make slurm-down``), and what :class:`~workbench.runtime.launch.slurm_local.LocalSlurm`
+slurm-up`` / ``make slurm-down``), and what :class:`~workbench.vcluster.slurm_local.LocalSlurm`
 runs under ``sudo -n`` when it is not root.
 
     python -m workbench.runtime.launch.slurm_cli up [--root DIR] [--mpi-default none|pmi2]
@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 
 from workbench.runtime.launch.signals import STOP_SIGNALS
-from workbench.runtime.launch.slurm_local import DEFAULT_ROOT, LocalSlurm, SlurmUnavailable, leftover_pids
+from workbench.vcluster.slurm_local import DEFAULT_ROOT, LocalSlurm, SlurmUnavailable, leftover_pids
 from workbench.runtime.processes import alive, stop_processes
 
 

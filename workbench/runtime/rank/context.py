@@ -20,7 +20,7 @@ from ... import data as data_mod
 from ... import models
 from ...comm.hooks import Traffic
 from ...config import RunConfig
-from ...optim import rules
+from ...lr_schedules import scheduled_lr
 from ...summary import planned_steps
 from ...telemetry import Telemetry
 from ..rundir import CANCEL_FILE
@@ -127,7 +127,7 @@ class Context:
     # -- compute ---------------------------------------------------------------------------
     def lr(self, step: int) -> float:
         """The learning rate of this worker's ``step``: ``RunConfig.lr_schedule`` over its planned steps."""
-        return rules.scheduled_lr(self.base_lr, self.cfg.lr_schedule, step, self.steps)
+        return scheduled_lr(self.base_lr, self.cfg.lr_schedule, step, self.steps)
 
     def gradient(self, step: int) -> float:
         """Forward and backward on this worker's batch for ``step``; gradient in ``flat.grad``.

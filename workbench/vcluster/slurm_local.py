@@ -34,7 +34,7 @@ from pathlib import Path
 
 import psutil
 
-from workbench.runtime.launch.ports import free_port
+from workbench.ports import free_port
 from workbench.runtime.processes import stop_processes
 from workbench.syspkgs import advice
 
@@ -214,7 +214,7 @@ class LocalSlurm:
             prolog.write_text("#!/bin/sh\n" + "".join(f"echo export {k}={v}\n" for k, v in self.task_env.items()))
             prolog.chmod(0o755)
         self.conf.write_text("\n".join([
-            f"# a private Slurm (workbench.runtime.launch.slurm_local), {time.ctime()}",
+            f"# a private Slurm (workbench.vcluster.slurm_local), {time.ctime()}",
             f"ClusterName={self.cluster}", f"SlurmctldHost={self.controller.name}({self.controller.address})",
             f"SlurmctldPort={ctld_port}", f"SlurmdPort={slurmd_port}",
             # every daemon and client binds the address its host's name resolves to, never 0.0.0.0
