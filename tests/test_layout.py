@@ -24,7 +24,7 @@ PURE = ["workbench.schedules", "workbench.network", "workbench.netsim", "workben
         "workbench.store", "workbench.summary", "workbench.telemetry", "workbench.checks", "workbench.sizes",
         "workbench.options", "workbench.deadline", "workbench.idx",
         "workbench.comm.names", "workbench.comm.options", "workbench.comm.hookspec", "workbench.comm.buckets",
-        "workbench.optim.fragments", "workbench.lr_schedules", "workbench.ports", "workbench.paths",
+        "workbench.optim.fragments", "workbench.lr_schedules", "workbench.ports", "workbench.paths", "workbench.mpilib",
         "workbench.runtime.launch.launcher", "workbench.runtime.client.handle", "workbench.runtime.client.batch_run",
         "workbench.netsim.predict",
         "workbench.runtime.rundir", "workbench.runtime.stream", "workbench.collectives",

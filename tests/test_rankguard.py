@@ -159,6 +159,32 @@ def test_the_first_cause_is_a_killed_rank_unless_the_launcher_kills_every_task_o
     assert first_cause([crashed, killed], aborted={5}) is killed and first_cause([crashed, killed]) is crashed
     assert first_cause([orphaned, stopped, {"rank": 4, "exit_code": 0, "time": 0.1}]) is None
 
+def test_each_librarys_launcher_kills_are_consequences_and_its_abort_line_names_the_rank():
+    """Open MPI's prterun SIGTERMs every other rank itself (not through the guards) and prints the abort in
+    its own output; srun SIGKILLs every task, the one that raised too, in an order that says nothing."""
+    from workbench.mpilib import OpenMPI
+    from workbench.runtime.launch.blame import MPIResult, failure, first_cause
+    starts = {r: {"rank": r, "pid": 100 + r, "host": "vm"} for r in range(4)}
+    said = ("MPI_ABORT was invoked on rank 2 in communicator MPI_COMM_WORLD\n  Proc: [[1,1],2]\n  Errorcode: 1\n")
+    traceback = "Traceback (most recent call last):\nRuntimeError: injected failure on rank 2"
+    result = MPIResult(1, said, {2: traceback})
+    ends = [{"rank": 2, "pid": 102, "host": "vm", "exit_code": 1, "time": 1.0},
+            {"rank": 3, "pid": 103, "host": "vm", "signal": 15, "time": 1.01},
+            {"rank": 1, "pid": 101, "host": "vm", "signal": 15, "time": 1.02}]
+    error = failure(4, result, starts, ends, flavour=OpenMPI())
+    assert str(error).startswith("rank 2 on node vm (pid 102) raised an exception and called MPI_Abort with code 1")
+    assert first_cause(ends) is ends[1]  # without the library's ways, prterun's SIGTERM looked like the cause
+    killed = {"rank": 1, "pid": 101, "host": "vm", "signal": 9, "time": 1.0}  # a kill from outside, then prterun's
+    assert first_cause([killed, *ends[1:2]], launcher_signals=OpenMPI.stop_signals) is killed
+    # srun: every task SIGKILLed, rank 0's recorded first; rank 2 raised (its traceback): rank 2
+    srun = MPIResult(1, "srun: error: vm: tasks 0-3: Killed", {2: traceback})
+    sigkills = [{"rank": r, "pid": 100 + r, "host": "vm", "signal": 9, "time": 1.0 + r / 100} for r in (0, 2, 3)]
+    error = failure(4, srun, starts, sigkills, abort_kills_all=True, flavour=OpenMPI())
+    assert str(error).startswith("rank 2 on node vm (pid 102) raised an exception (srun then killed every task)")
+    error = failure(4, MPIResult(1, "", {}), starts, sigkills, abort_kills_all=True)  # nothing raised: the first
+    assert str(error).startswith("rank 0 on node vm (pid 100) was killed by signal 9 (SIGKILL)")
+
+
 #: rank 0 calls MPI_Abort once the file ``go`` exists; rank 1 sleeps (both say they are ready)
 ABORT_ON_GO = """
 import os, sys, time

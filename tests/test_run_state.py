@@ -73,12 +73,18 @@ def test_of_threads_that_stop_a_run_at_once_exactly_one_does():
 
 
 def test_run_sets_its_status_only_through_its_transition():
-    assert isinstance(run_module.Run.status, property) and run_module.Run.status.fset is None
-    tree = ast.parse(Path(run_module.__file__).read_text())
-    assigned = [node.lineno for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AugAssign))
-                for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
-                for t in ast.walk(target) if isinstance(t, ast.Attribute) and t.attr in ("status", "_status")
-                and not (isinstance(t.value, ast.Attribute) and t.value.attr == "result")]
-    moves = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-             and node.func.attr == "move"]
-    assert assigned == [] and len(moves) == 1   # self._state.move(...), in Run._transition
+    from workbench.runtime.client import batch_run, handle, watch
+    for kind in (run_module.Run, batch_run.BatchRun, watch.WatchedRun):
+        assert isinstance(kind.status, property) and kind.status.fset is None
+    moves = {}
+    for module in (run_module, handle, batch_run, watch):
+        tree = ast.parse(Path(module.__file__).read_text())
+        assigned = [node.lineno for node in ast.walk(tree) if isinstance(node, (ast.Assign, ast.AugAssign))
+                    for target in (node.targets if isinstance(node, ast.Assign) else [node.target])
+                    for t in ast.walk(target) if isinstance(t, ast.Attribute) and t.attr in ("status", "_status")
+                    and not (isinstance(t.value, ast.Attribute) and t.value.attr == "result")]
+        assert assigned == [], (module.__name__, assigned)
+        moves[module.__name__] = len([node for node in ast.walk(tree) if isinstance(node, ast.Call)
+                                      and isinstance(node.func, ast.Attribute) and node.func.attr == "move"])
+    # self._state.move(...), in RunHandle._transition: the one place, for every kind of run
+    assert moves == {run_module.__name__: 0, handle.__name__: 1, batch_run.__name__: 0, watch.__name__: 0}

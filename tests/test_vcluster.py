@@ -350,12 +350,16 @@ def test_a_nodes_launcher_process_killed_ends_its_ranks_and_is_named(vc4):
     import psutil
 
     def kill_proxy():
-        for pid in vc4.processes(2):
-            try:
-                if "hydra_pmi_proxy" in " ".join(psutil.Process(pid).cmdline()):
-                    os.kill(pid, 9)
-            except (psutil.NoSuchProcess, ProcessLookupError):
-                pass
+        deadline = time.monotonic() + 60  # a loaded machine may not have started node 2's proxy 3 s in
+        while time.monotonic() < deadline:
+            for pid in vc4.processes(2):
+                try:
+                    if "hydra_pmi_proxy" in " ".join(psutil.Process(pid).cmdline()):
+                        os.kill(pid, 9)
+                        return
+                except (psutil.NoSuchProcess, ProcessLookupError):
+                    pass
+            time.sleep(0.2)
 
     message, seconds = _fault_during(vc4, kill_proxy)
     first = message.splitlines()[0]

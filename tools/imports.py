@@ -24,7 +24,7 @@ PACKAGE = "workbench"
 LAYERS = [
     ["workbench.checks", "workbench.sizes", "workbench.paths", "workbench.telemetry", "workbench.deadline",
      "workbench.lazy", "workbench.idx", "workbench.syspkgs", "workbench.files", "workbench.options",
-     "workbench.generated_sets", "workbench.ports", "workbench.lr_schedules", "workbench.runtime.processes"],
+     "workbench.generated_sets", "workbench.ports", "workbench.lr_schedules", "workbench.mpilib", "workbench.runtime.processes"],
     ["workbench.schedules", "workbench.network"],
     ["workbench.comm.names", "workbench.comm.options", "workbench.comm.buckets", "workbench.optim.fragments",
      "workbench.optim.definition", "workbench.optim.registry", "workbench.data", "workbench.models",

@@ -68,6 +68,9 @@ PACKAGES: dict[str, Package] = {
         "srun, sbatch, squeue, scancel, scontrol and sinfo: launching and watching Slurm jobs",
         ("/usr/bin/srun", "/usr/bin/sbatch", "/usr/bin/squeue", "/usr/bin/scontrol"),
         uses=("slurm_local", "srun")),
+    "libpmix-dev": Package(
+        "PMIx for Slurm's --mpi=pmix (its plugin loads libpmix.so): Open MPI 5's ranks under srun",
+        ("/usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so",), uses=("mpi=pmix",)),
     "munge": Package(
         "munged: the private Slurm's authentication",
         ("/usr/sbin/munged",), uses=("slurm_local", "munge")),

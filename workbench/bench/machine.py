@@ -34,6 +34,17 @@ class Load:
         return {"before": self.before, "after": list(os.getloadavg())}
 
 
+def write_report(path, report: dict, load: Load) -> None:
+    """``report`` with the load around the run (``load.done()``) as JSON at ``path`` (its folder made),
+    and a line saying where."""
+    import json
+    from pathlib import Path
+    report["load_average"] = load.done()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(report, indent=1, default=str))
+    print(f"\nwrote {path}")
+
+
 def wall_and_faults(call, steps: int) -> tuple[float, float]:
     """Median wall milliseconds and minor page faults of this process per ``call()``, over
     ``steps`` calls after one untimed (a model-sized temporary's cost is mostly its page faults)."""

@@ -18,6 +18,7 @@
     workbench vcluster up|status|list|exec|mpiexec|env|down NAME ...
                                      a virtual cluster: nodes as namespaces joined by shaped links
     workbench algorithms             the training and collective algorithm names
+    workbench info                   the MPI library a rank would load, its mpiexec, mpi4py, torch, Slurm
 
 Arguments are validated here, before mpiexec is launched; a bad value is an error that names
 the option and the allowed values. ``train`` and ``compare`` record every run in the results
@@ -51,6 +52,52 @@ def list_algorithms(args) -> int:
     return 0
 
 
+def info(args) -> int:
+    """What this installation runs with, without initialising MPI here: the mpiexec the launchers run
+    and its library (:mod:`workbench.mpilib`), what a rank would load (asked of a child Python), whether
+    they agree, mpi4py, torch and Slurm. Exit 1 when the ranks could not start as one job."""
+    import shutil
+    import sys as _sys
+    from importlib import metadata
+
+    from ..mpilib import FLAVOUR_ENV, FLAVOURS, MPIFlavourError, check_pairing, find_mpiexec, flavour_of, rank_library
+
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+    rows = [("workbench", version("workbench")), ("python", f"{_sys.executable} ({_sys.version.split()[0]})"),
+            ("torch", version("torch")), ("mpi4py", version("mpi4py"))]
+    code = 0
+    try:
+        mpiexec = find_mpiexec()
+        mpi = flavour_of(mpiexec)
+        rows += [("mpiexec", mpiexec), ("mpiexec is", f"{mpi.title} {mpi.version}".strip()
+                                         + (f" (said by {FLAVOUR_ENV})" if FLAVOUR_ENV in __import__("os").environ else ""))]
+    except (FileNotFoundError, MPIFlavourError) as exc:
+        rows.append(("mpiexec", f"error: {exc}"))
+        mpi, code = None, 1
+    found = rank_library()
+    if "error" in found:
+        rows.append(("a rank loads", f"error: {found['error']}"))
+        code = 1
+    else:
+        rows.append(("a rank loads", found["library"]))
+    if mpi is not None and "error" not in found:
+        try:
+            check_pairing(mpi)
+            rows.append(("one job", "yes: mpiexec and mpi4py use the same library"))
+        except MPIFlavourError as exc:
+            rows.append(("one job", f"no: {exc}"))
+            code = 1
+    rows.append(("MPI libraries known", ", ".join(f"{f.name} ({f.title})" for f in FLAVOURS.values())))
+    rows.append(("srun", shutil.which("srun") or "not on PATH"))
+    for key, value in rows:
+        print(f"{key:20s} {value}")
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="workbench", description=__doc__.split("\n\nOne module")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -65,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     vcluster.add_to(sub)
     sub.add_parser("algorithms", help="list the training and collective algorithm names").set_defaults(
         func=list_algorithms)
+    sub.add_parser("info", help="the MPI library a rank would load, its mpiexec, mpi4py, torch, Slurm").set_defaults(
+        func=info)
     return parser
 
 

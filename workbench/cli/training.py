@@ -59,6 +59,17 @@ def launcher_of(args) -> tuple[str, list[str], dict]:
             slurm.find_srun()
         except FileNotFoundError as exc:
             raise ConfigError(f"--launcher: {exc}") from None
+        from ..mpilib import rank_library, srun_mpi_problem
+        library = rank_library().get("flavour")
+        problem = srun_mpi_problem(library, args.srun_args, slurm.mpi_plugins()) if library else None
+        if problem:
+            raise ConfigError(f"--srun-args: {problem}")
+    else:  # the MPI library, and mpi4py's the same one, before anything starts
+        from ..mpilib import MPIFlavourError, check_pairing, find_mpiexec, flavour_of
+        try:
+            check_pairing(flavour_of(find_mpiexec()))
+        except (MPIFlavourError, FileNotFoundError) as exc:
+            raise ConfigError(f"mpiexec: {exc}") from None
     return launcher, args.srun_args, placement
 
 

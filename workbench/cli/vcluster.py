@@ -191,13 +191,17 @@ def mpiexec_command(args) -> int:
         return code
     import os
 
-    from ..runtime.launch.mpiexec import find_mpiexec, rank_environment
+    from ..mpilib import MPIFlavourError, find_mpiexec, flavour_of
+    from ..runtime.launch.mpiexec import rank_environment
     try:
         vc = _attach(args)
-        cmd = [find_mpiexec(), "-n", str(args.ranks), *vc.mpiexec_args(args.ranks, args.ppn), *argv]
-    except (*_errors(), FileNotFoundError) as exc:
+        mpiexec = find_mpiexec()
+        mpi = flavour_of(mpiexec)
+        cmd = [mpiexec, "-n", str(args.ranks), *mpi.start_args(args.ranks, placed=True),
+               *vc.mpiexec_args(args.ranks, args.ppn, flavour=mpi), *argv]
+    except (*_errors(), FileNotFoundError, MPIFlavourError) as exc:
         return _fail("mpiexec", exc)
-    env = rank_environment(vc.mpi_env())
+    env = rank_environment(vc.mpi_env(mpi))
     os.environ.update(env)
     return _run(cmd, args.timeout, "mpiexec")
 

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from .. import mpilib
+from ..mpilib import MPIFlavour
 from ..paths import state_dir
 from . import registry, tools, wiring
 from .plan import PREFIX, Plan, PlanError, format_rate
@@ -243,10 +245,12 @@ class VirtualCluster:
         if not isinstance(node, int) or isinstance(node, bool) or not 0 <= node < self.nodes:
             raise PlanError(f"node: must be 0..{self.nodes - 1} on vcluster {self.name}; got {node!r}")
 
-    def mpiexec_args(self, nranks: int, ppn: int = 1, wdir: str | os.PathLike | None = None) -> list[str]:
-        """mpiexec (hydra) arguments that place ``nranks`` ranks on the nodes, ``ppn`` per node in
-        block order (ranks 0..ppn-1 on node 0, ...), started through :attr:`standin`, in ``wdir``
-        (default: this directory if the nodes see it, else the shared folder)."""
+    def mpiexec_args(self, nranks: int, ppn: int = 1, wdir: str | os.PathLike | None = None,
+                     flavour: MPIFlavour | None = None) -> list[str]:
+        """mpiexec arguments that place ``nranks`` ranks on the nodes, ``ppn`` per node in block order
+        (ranks 0..ppn-1 on node 0, ...), started through :attr:`standin`, in ``wdir`` (default: this
+        directory if the nodes see it, else the shared folder), in the words of the MPI library
+        ``flavour`` (default the one the launchers run: :func:`workbench.mpilib.flavour`)."""
         from ..checks import integer
         integer("ranks", nranks, error=PlanError)
         integer("ppn", ppn, error=PlanError)
@@ -254,15 +258,18 @@ class VirtualCluster:
         if needed > self.nodes:
             raise PlanError(f"ppn: {nranks} ranks at {ppn} per node need {needed} nodes; vcluster {self.name} has "
                             f"{self.nodes} (raise --ppn to at least {-(-nranks // self.nodes)})")
-        hosts = ",".join(f"{self.plan.address(i)}:{ppn}" for i in range(needed))
+        mpi = flavour or mpilib.flavour()
         wdir = os.fspath(wdir) if wdir is not None else os.getcwd()
-        return ["-launcher", "ssh", "-launcher-exec", str(self.standin), "-iface", self.plan.bridge,
-                "-hosts", hosts, "-wdir", wdir if self.visible(wdir) else str(self.shared)]
+        return [*mpi.remote_args(str(self.standin), self.plan.bridge, str(self.plan.subnet)),
+                *mpi.hosts_args([self.plan.address(i) for i in range(needed)], ppn),
+                *mpi.wdir_args(wdir if self.visible(wdir) else str(self.shared))]
 
-    def mpi_env(self) -> dict[str, str]:
-        """Environment of the ranks: MPICH over libfabric's TCP between nodes (:data:`MPI_ENV`), and
-        the cluster's name (``WORKBENCH_VCLUSTER``)."""
-        return {**MPI_ENV, "WORKBENCH_VCLUSTER": self.name}
+    def mpi_env(self, flavour: MPIFlavour | None = None) -> dict[str, str]:
+        """Environment of the ranks: the MPI library's messages over TCP on the nodes' ``eth0``
+        (:meth:`~workbench.mpilib.MPIFlavour.transport_env`; MPICH's is :data:`MPI_ENV`), and the cluster's
+        name (``WORKBENCH_VCLUSTER``)."""
+        return {**(flavour or mpilib.flavour()).transport_env("eth0"), "GLOO_SOCKET_IFNAME": "eth0",
+                "WORKBENCH_VCLUSTER": self.name}
 
     def run_options(self, nranks: int, ppn: int = 1, job_dir: str | os.PathLike | None = None,
                     cwd: str | os.PathLike | None = None) -> dict:

@@ -32,6 +32,14 @@ class Engines(Launcher):
         """Engines in one Slurm job: an abort makes srun SIGKILL every task at once."""
         return self.cluster.engines == "slurm"
 
+    @property
+    def flavour(self):
+        """The MPI library of ``mpiexec`` engines (its ways: :mod:`workbench.mpilib`); None for Slurm's."""
+        if self.cluster.engines != "mpi":
+            return None
+        from ...mpilib import flavour
+        return flavour()
+
     def start(self) -> None:
         self._async = self.cluster.view().apply_async(engine_train, *self._call)
 

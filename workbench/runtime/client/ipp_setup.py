@@ -21,7 +21,8 @@ from pathlib import Path
 from ...checks import integer
 from ...config import ConfigError
 from ..launch.engines import LAUNCHERS, SRUN_DEFAULTS, slurm_launcher
-from ..launch.mpiexec import GUARD, RANK_ENV, find_mpiexec
+from ...mpilib import find_mpiexec, flavour_of
+from ..launch.mpiexec import GUARD, RANK_ENV
 from .records import CLUSTER_ID_ENV, batch_dir, guard_dir
 
 
@@ -43,11 +44,7 @@ def ipp_cluster(cluster, cluster_id: str):
     guarded = [sys.executable, "-I", str(GUARD), str(guard_dir(cluster_id, files)), sys.executable, "-m",
                "ipyparallel.engine"]
     if cluster.engines == "mpi":
-        config.MPIEngineSetLauncher.mpi_cmd = [find_mpiexec()]
-        placement = vc.mpiexec_args(cluster.n, cluster.ppn, wdir=vc.shared) if vc is not None else []
-        config.MPIEngineSetLauncher.mpi_args = placement + s["mpi_args"]
-        # each engine under the rank guard, which records how it ended (see runtime.rankguard)
-        config.MPIEngineSetLauncher.engine_cmd = guarded
+        _mpiexec_engines(config, cluster, guarded)
     else:
         config[engine_launcher].engine_args = ["--mpi"]  # engine id order = MPI rank order
         if cluster.engines == "slurm":
@@ -83,6 +80,19 @@ def ipp_cluster(cluster, cluster_id: str):
     return ipp.Cluster(engines=engines, n=cluster.n, config=config, log_level=logging.INFO, log=log,
                        controller_args=beats, profile_dir=str(profile_dir),
                        shutdown_atexit=True, cluster_id=cluster_id, **location)
+
+
+def _mpiexec_engines(config, cluster, guarded: list[str]) -> None:
+    """``mpiexec -n N`` engines in the words of its MPI library (:mod:`workbench.mpilib`: what it needs to
+    start them here, their placement on a virtual cluster's nodes), each under the rank guard, which
+    records how it ended (see runtime.rankguard)."""
+    mpiexec = find_mpiexec()
+    mpi, vc = flavour_of(mpiexec), cluster.vcluster
+    config.MPIEngineSetLauncher.mpi_cmd = [mpiexec]
+    placement = vc.mpiexec_args(cluster.n, cluster.ppn, wdir=vc.shared, flavour=mpi) if vc is not None else []
+    args = placement + cluster._settings["mpi_args"]
+    config.MPIEngineSetLauncher.mpi_args = mpi.start_args(cluster.n, placed=mpi.placed(args)) + args
+    config.MPIEngineSetLauncher.engine_cmd = guarded
 
 
 def listen_ip(cluster) -> str:

@@ -220,7 +220,8 @@ class Run(RunHandle):
         if self._killed:
             return None
         _, exits = self.launcher.records()  # without those killed as their job ended
-        first = first_cause(exits, abort_kills_all=self.launcher.abort_kills_all) or (exits[0] if exits else None)
+        first = first_cause(exits, abort_kills_all=self.launcher.abort_kills_all,
+                            launcher_signals=self.launcher.stop_signals) or (exits[0] if exits else None)
         failed = self.cluster.failed_nodes()
         if failed:  # the batch system lost a node: that, not the ranks it then killed, is the cause
             on = {r: h for r, h in self.cluster.hosts.items() if h in failed}

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...mpilib import Mpich
 from .signals import signal_name
 
 
@@ -127,25 +128,32 @@ _SRUN_BAD = re.compile(r"srun: error: (\S+): tasks? (\d+)(?:-\d+)?: (?:Exited wi
 _HYDRA_SIGNAL = re.compile(r"KILLED BY SIGNAL: (\d+)|\(signal (\d+)\)")
 
 
-def first_cause(ends: list[dict], abort_kills_all: bool = False, aborted: set[int] = frozenset()) -> dict | None:
+def first_cause(ends: list[dict], abort_kills_all: bool = False, aborted: set[int] = frozenset(),
+                launcher_signals: frozenset[int] = frozenset()) -> dict | None:
     """Of the guards' end records (first first, :func:`rank_records`), the rank whose end caused the
     others': a rank ended by its guard (its launcher died, or ended the job) is a consequence; a rank
     killed by a signal comes before one that exited or that called MPI_Abort (``aborted``: however its
     process ended after that, a crash in the abort included), which MPICH does when it sees a peer's
     link break, and which may be recorded first (each guard records when it saw its rank end).
     ``abort_kills_all``: the launcher SIGKILLs every task at once on MPI_Abort (srun), so a signal says
-    nothing there and the first end is taken. None when no rank ended badly by itself."""
-    causes = [e for e in ends if (e.get("signal") or e.get("exit_code")) and not _consequence(e)]
+    nothing there and the first end is taken. ``launcher_signals``: the signals the launcher sends every
+    other rank itself when one ends (Open MPI's SIGTERM: :attr:`~workbench.mpilib.MPIFlavour.stop_signals`): a rank
+    ended by one is a consequence while another rank ended otherwise. None when no rank ended badly by itself."""
+    causes = [e for e in ends if ended_badly(e)]
+    if launcher_signals:
+        own = [e for e in causes if e.get("signal") not in launcher_signals]
+        causes = own or causes
     killed = [] if abort_kills_all else [e for e in causes if e.get("signal") and e.get("rank") not in aborted]
     return (killed or causes or [None])[0]
 
 
 def _first_death(result: MPIResult, starts: dict[int, dict], ends: list[dict],
-                 abort_kills_all: bool = False, aborted: set[int] = frozenset()) -> dict | None:
+                 abort_kills_all: bool = False, aborted: set[int] = frozenset(),
+                 launcher_signals: frozenset[int] = frozenset()) -> dict | None:
     """The record of the rank that ended badly first: from the guards (:func:`first_cause`), else
     (ranks on hosts that could not write to this host's folder) from hydra's report when its PID is a
     known rank."""
-    first = first_cause(ends, abort_kills_all, aborted)
+    first = first_cause(ends, abort_kills_all, aborted, launcher_signals)
     if first is not None:
         return first
     m = _SRUN_BAD.search(result.output)  # srun's report: its first line names the first task that ended badly
@@ -175,6 +183,12 @@ def _first_death(result: MPIResult, starts: dict[int, dict], ends: list[dict],
     return record
 
 
+def ended_badly(record: dict) -> bool:
+    """A guard's end record of a rank that ended by a signal or a non-zero exit by itself (not ended by
+    its guard because the launcher died or ended the job)."""
+    return bool(record.get("signal") or record.get("exit_code")) and not _consequence(record)
+
+
 def _consequence(record: dict) -> bool:
     """The guard ended its rank because the launcher's process died or ended the job (:mod:`.rankguard`)."""
     return bool(record.get("launcher_died") or record.get("launcher_stopped"))
@@ -190,8 +204,13 @@ def _signal_number(description: str) -> int | None:
 
 
 def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[dict],
-            abort_kills_all: bool = False, vanished: dict[int, float] | None = None) -> MPILaunchError:
+            abort_kills_all: bool = False, vanished: dict[int, float] | None = None, flavour=None,
+            launcher_signals: frozenset[int] | None = None) -> MPILaunchError:
     """The error for a job that exited non-zero, blaming the rank whose process ended first.
+
+    ``flavour``: the MPI library's :class:`~workbench.mpilib.MPIFlavour` (default MPICH): where its abort lines
+    are and which signals its launcher sends the other ranks (``launcher_signals``, when the launcher is
+    not the library's own: srun).
 
     ``abort_kills_all``: the launcher answers an ``MPI_Abort`` by SIGKILLing every task at once,
     the aborting one included (srun), so whichever guard records its SIGKILL first says nothing:
@@ -204,16 +223,17 @@ def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[
         on = f": rank {', '.join(map(str, ranks))} ran there" if ranks else ""
         return MPILaunchError(f"node {node} failed (srun: Node failure on {node}){on}; {head} (Slurm ended the job "
                               f"step, and with it the other ranks)\n{tail(result.output, 20)}", ranks, result.output)
+    flavour = flavour or Mpich()
     traced = failed_ranks(result)
-    # a rank that called MPI_Abort (mpi4py does on an uncaught exception) takes the others
-    # down with it (hydra kills the fronts, the guards kill their ranks): MPICH's own line names it
-    aborted = {(int(m.group(2)), int(m.group(1))) for r in traced
-               for m in [_MPICH_ABORT.search(result.ranks.get(r, ""))] if m}
-    codes = dict(aborted)  # rank -> its MPI_Abort code
-    first = _first_death(result, starts, ends, abort_kills_all, set(codes))
-    if (abort_kills_all and len(aborted) == 1 and first is not None and first.get("signal") == 9
-            and all(e.get("signal") == 9 for e in ends if e.get("signal") or e.get("exit_code"))):
-        first = None
+    # a rank that called MPI_Abort (mpi4py does on an uncaught exception) takes the others down with it
+    # (hydra kills the fronts, the guards kill their ranks; prterun SIGTERMs them): its library's line names it
+    codes = flavour.aborts({r: result.ranks.get(r, "") for r in traced}, result.output)  # rank -> its code
+    aborted = set(codes.items())
+    first = _first_death(result, starts, ends, abort_kills_all, set(codes),
+                         flavour.stop_signals if launcher_signals is None else launcher_signals)
+    raised = {r for r in traced if "Traceback (most recent call last)" in result.ranks.get(r, "")}
+    if abort_kills_all:
+        first = _killed_with_all(first, set(codes) or raised, starts, ends)
     # a guard that noted its launcher's death but vanished before recording its rank's end was killed
     # with it (its node's processes were killed): not a launcher that died under live guards
     orphaned = [e for e in ends if e.get("launcher_died")
@@ -234,6 +254,8 @@ def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[
     blame = f"{who_is(rank, first.get('host'), first.get('pid'))} {describe_end(first)}"
     if rank in codes:  # how its process ended after MPI_Abort (a crash in the abort, a kill) says nothing
         blame = f"{who_is(rank, first.get('host'), first.get('pid'))} raised an exception and called MPI_Abort with code {codes[rank]}"
+    elif abort_kills_all and rank in raised and first.get("signal") == 9:  # srun's kill of the rank that raised
+        blame = f"{who_is(rank, first.get('host'), first.get('pid'))} raised an exception (srun then killed every task)"
     if rank in traced:  # it raised: its traceback says why
         return MPILaunchError(f"{blame}: {head}: rank(s) {rank} failed\n{_traceback_of(result, rank)}",
                               [rank], result.output)
@@ -241,6 +263,18 @@ def failure(nranks: int, result: MPIResult, starts: dict[int, dict], ends: list[
     detail = f"\n--- rank {rank} ---\n{last_words}" if last_words.strip() else ""
     return MPILaunchError(f"{blame}; {head} (the other ranks were stopped after it){detail}",
                           [rank], result.output)
+
+
+def _killed_with_all(first: dict | None, culprits: set[int], starts: dict[int, dict], ends: list[dict]) -> dict | None:
+    """srun SIGKILLs every task once one fails (the failing one too, in its MPI_Abort): when every rank that
+    ended badly, but the one that raised (``culprits``: its traceback, or its library's abort line), was
+    SIGKILLed, the order of the SIGKILLs says nothing and that rank is the cause; else ``first``."""
+    if (len(culprits) != 1 or first is None or first.get("rank") in culprits
+            or not all(e.get("signal") == 9 for e in ends if ended_badly(e) and e.get("rank") not in culprits)):
+        return first
+    [rank] = culprits
+    return next((e for e in ends if e.get("rank") == rank), None) or {
+        "rank": rank, "host": starts.get(rank, {}).get("host"), "pid": starts.get(rank, {}).get("pid"), "signal": 9}
 
 
 def _vanished(head: str, result: MPIResult, starts: dict[int, dict], vanished: dict[int, float]) -> MPILaunchError:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from ..processes import alive, stop_processes
-from .blame import rank_records
+from .blame import ended_badly, rank_records
 from .heartbeat import Listener
 from .signals import handling_signals
 
@@ -27,6 +27,11 @@ class Job:
     #: seconds the ranks' guards on this host get, after mpiexec ended, to record how their ranks
     #: ended (:meth:`settle`): more than the guard's grace for a rank whose launcher died
     SETTLE = 8.0
+    #: seconds the launcher gets to end the job once a rank ended badly by itself (its guard recorded a
+    #: signal or a non-zero exit): MPICH and Open MPI end it within about a second, while Intel MPI's
+    #: hydra was seen waiting for good on the other ranks (a rank killed while they started up), so the
+    #: job is then stopped (:meth:`wait`'s outcome ``abandoned``) and blamed from the records
+    ABANDONED_GRACE = 20.0
 
     def __init__(self, cmd: list[str], env: dict[str, str], cwd, stream: bool, tmp: Path,
                  status_dir: Path, listener: Listener | None = None) -> None:
@@ -108,9 +113,12 @@ class Job:
 
     def wait(self, timeout: float, on_interrupt, grace: float) -> str:
         """Wait until mpiexec ends: ``exited`` (by itself, after a signal or not), ``interrupted``
-        (stopped after a signal), ``lost`` (a rank's heartbeats stopped: killed) or ``timeout`` (killed)."""
+        (stopped after a signal), ``lost`` (a rank's heartbeats stopped: killed), ``abandoned`` (a rank
+        ended badly and the launcher did not end the job within :data:`ABANDONED_GRACE`: killed) or
+        ``timeout`` (killed)."""
         deadline = time.monotonic() + timeout
-        stop_at = None
+        stop_at = bad_since = None
+        next_look = 0.0
         with handling_signals(self._on_signal):
             while self.proc.poll() is None:
                 now = time.monotonic()
@@ -137,6 +145,13 @@ class Job:
                     if self.lost:
                         self.stop(immediate=True)
                         return "lost"
+                if now >= next_look:  # a rank ended badly and the launcher has not ended the job
+                    next_look = now + 1.0
+                    if bad_since is None and any(ended_badly(e) for e in rank_records(self.status_dir)[1]):
+                        bad_since = now
+                    if bad_since is not None and now - bad_since > self.ABANDONED_GRACE:
+                        self.stop(immediate=True)
+                        return "abandoned"
                 self._remember_processes()
                 self._follow()
                 time.sleep(self.POLL)

@@ -25,6 +25,7 @@ from . import slurm
 from .blame import MPILaunchError, MPIResult, collect_output, failed_ranks, failure, rank_records, tail
 from .heartbeat import Listener, describe as describe_silent
 from .job import Job
+from ...mpilib import FLAVOURS, check_pairing, find_mpiexec, flavour_of, rank_library
 from .mpiexec import mpiexec_command, rank_environment, srun_command
 from .shm import remove_orphaned_shm
 from .signals import RunInterrupted
@@ -40,6 +41,13 @@ class Launcher:
     #: the word for this launcher in messages
     name = "launcher"
     abort_kills_all = False
+
+    @property
+    def stop_signals(self) -> frozenset[int]:
+        """The signals this launcher sends the other ranks itself when one ends (Open MPI's prterun:
+        SIGTERM): blame counts a rank ended by one as a consequence (:func:`~.blame.first_cause`)."""
+        flavour = getattr(self, "flavour", None)
+        return flavour.stop_signals if flavour is not None else frozenset()
 
     def start(self) -> None:
         """Start the ranks (returns at once)."""
@@ -72,6 +80,8 @@ class JobLauncher(Launcher):
 
     #: srun labels each line with its task; mpiexec's ranks' guards write per-rank files
     labelled_output = False
+    #: the MPI library's ways (:mod:`workbench.mpilib`), where the backend knows it; blame reads them
+    flavour = None
 
     def __init__(self, nranks: int, python_args: Sequence[str], *, env: dict[str, str] | None = None,
                  cwd: str | os.PathLike | None = None, stream: bool = False,
@@ -165,21 +175,25 @@ class JobLauncher(Launcher):
             raise MPILaunchError(
                 f"MPI job on {nranks} ranks ran past its {timeout:g} s timeout and was killed: "
                 f"{' '.join(self.cmd)}\n{tail(result.output)}", failed_ranks(result), result.output)
-        if result.returncode != 0:
+        if result.returncode != 0 or outcome == "abandoned":
             raise failure(nranks, result, self.starts, self.ends, abort_kills_all=self.abort_kills_all,
-                          vanished=job.vanished)
+                          vanished=job.vanished, flavour=self.flavour, launcher_signals=self.stop_signals)
         return result
 
 
 class Mpiexec(JobLauncher):
     """``mpiexec -n N [mpi_args]`` (``mpi_args``: e.g. a virtual cluster's hosts and remote launcher);
-    each rank's guard writes the rank's output to its own files."""
+    each rank's guard writes the rank's output to its own files. Whatever the library (MPICH, Open MPI,
+    Intel MPI): what differs is its :attr:`flavour` (:mod:`workbench.mpilib`), asked of the ``mpiexec`` found, and
+    checked against the library mpi4py loads before anything starts (:func:`~workbench.mpilib.check_pairing`)."""
 
     name = "mpiexec"
 
     def __init__(self, nranks: int, python_args: Sequence[str], *, mpi_args: Sequence[str] = (), **options) -> None:
         super().__init__(nranks, python_args, **options)
         self.mpi_args = list(mpi_args)
+        self.flavour = flavour_of(find_mpiexec())
+        check_pairing(self.flavour)
 
     def command(self, folder: Path, name: str) -> list[str]:
         return mpiexec_command(self.nranks, self.python_args, output_dir=folder, guard_dir=folder / "ranks",
@@ -198,6 +212,14 @@ class Srun(JobLauncher):
     def __init__(self, nranks: int, python_args: Sequence[str], *, srun_args: Sequence[str] = (), **options) -> None:
         super().__init__(nranks, python_args, **options)
         self.srun_args = list(srun_args)
+        # no mpiexec: the ranks' library is the one mpi4py loads (its abort line is what blame reads)
+        library = rank_library().get("flavour")
+        self.flavour = FLAVOURS[library]() if library else None
+
+    @property
+    def stop_signals(self) -> frozenset[int]:
+        """Slurm, not the library's launcher, ends the other tasks (SIGKILL: :attr:`abort_kills_all`)."""
+        return frozenset()
 
     def command(self, folder: Path, name: str) -> list[str]:
         return srun_command(self.nranks, self.python_args, srun_args=self.srun_args, guard_dir=folder / "ranks",

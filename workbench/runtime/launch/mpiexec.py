@@ -8,13 +8,12 @@ waiting, stopping and blame: :mod:`.launcher`.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Sequence
 
 from ...checks import integer
+from ...mpilib import find_mpiexec, flavour_of
 from . import slurm
 
 #: Environment for every rank: one thread each. Two threads per rank on 2 cores made 4 ranks
@@ -29,23 +28,6 @@ def default_launcher() -> str:
     return "srun" if slurm.in_allocation() else "mpiexec"
 
 
-def find_mpiexec() -> str:
-    """Path of ``mpiexec``: ``$WORKBENCH_MPIEXEC``, else the one beside this Python (the
-    venv's, from the ``mpich`` wheel), else the first on ``PATH`` (a cluster's system MPI)."""
-    env = os.environ.get("WORKBENCH_MPIEXEC")
-    if env:
-        return env
-    beside = Path(sys.executable).parent / "mpiexec"
-    if beside.exists():
-        return str(beside)
-    found = shutil.which("mpiexec")
-    if found is None:
-        raise FileNotFoundError(
-            "mpiexec not found: install the 'mpich' extra (pip install 'workbench[mpich]'), "
-            "load your cluster's MPI module, or set WORKBENCH_MPIEXEC")
-    return found
-
-
 def rank_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for ranks: this one, one thread per rank, this Python's bin on PATH."""
     env = dict(os.environ)
@@ -55,15 +37,6 @@ def rank_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
         env["PATH"] = bin_dir + os.pathsep + env.get("PATH", "")
     env.update(extra or {})
     return env
-
-
-def _is_hydra(mpiexec: str) -> bool:
-    """MPICH's hydra takes ``-prepend-rank``; Open MPI's mpiexec takes ``--tag-output``."""
-    try:
-        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return "HYDRA" in out.stdout.upper()
 
 
 def mpiexec_command(nranks: int, python_args: Sequence[str], *,
@@ -77,21 +50,20 @@ def mpiexec_command(nranks: int, python_args: Sequence[str], *,
     stderr straight to ``output_dir/rank<R>.out`` and ``.err`` (exact text, unlike ``-prepend-rank``,
     which tags per chunk read and can split a traceback mid-word; and nothing lost when a rank's
     MPI_Abort ends the job before the launcher forwarded its last words). With ``output_dir`` alone,
-    hydra's ``-outfile-pattern`` writes the same files, or Open MPI's ``--tag-output`` tags the lines.
+    the library writes the same files (:meth:`~workbench.mpilib.MPIFlavour.output_args`). What the library needs
+    to start the ranks here (Open MPI as root, more ranks than cores) comes from its flavour
+    (:meth:`~workbench.mpilib.MPIFlavour.start_args`).
     """
     integer("nranks", nranks)
     mpiexec = find_mpiexec()
-    cmd = [mpiexec, "-n", str(nranks), *mpi_args]
+    mpi = flavour_of(mpiexec)
+    cmd = [mpiexec, "-n", str(nranks), *mpi.start_args(nranks, placed=mpi.placed(mpi_args)), *mpi_args]
     if guard_dir is not None:
         cmd += [sys.executable, "-I", str(GUARD), str(guard_dir)]
         if output_dir is not None:
             cmd += ["--output", str(output_dir)]
     elif output_dir is not None:
-        if _is_hydra(mpiexec):
-            cmd += ["-outfile-pattern", f"{output_dir}/rank%r.out",
-                    "-errfile-pattern", f"{output_dir}/rank%r.err"]
-        else:
-            cmd.append("--tag-output")
+        cmd += mpi.output_args(str(output_dir))
     return cmd + [sys.executable, "-m", "mpi4py", *python_args]
 
 

@@ -174,8 +174,12 @@ def not_one_job_message(count: int, sizes: Sequence[int], option: str) -> str:
     hint = (f"pass srun_args={PMI_HINT}" if option == "srun_args"
             else "pass --srun-args=--mpi=pmix or --srun-args=--mpi=pmi2")
     size = f"of size {sorted(set(sizes))[0]}" if len(set(sizes)) == 1 else f"of sizes {sorted(set(sizes))}"
+    from ...mpilib import FLAVOURS, rank_library
+    library = rank_library().get("flavour")
+    speaks = (f"; the ranks load {FLAVOURS[library].title}, which speaks {FLAVOURS[library].srun_mpi.upper()}: "
+              f"--mpi={FLAVOURS[library].srun_mpi}") if library else ""
     return (f"srun started {count} ranks that are not one MPI job (each is rank 0 {size}): srun gave "
-            f"them no process-management interface this MPI library uses; {hint} ({where})")
+            f"them no process-management interface this MPI library uses; {hint} ({where}){speaks}")
 
 
 def srun_command(nranks: int, srun_args: Sequence[str] = ()) -> list[str]:
