@@ -178,11 +178,12 @@ def ddp_worker(run_dir: Path) -> None:
             x, self.velocity = rules.momentum_sgd(ctx.flat.data, self.velocity, ctx.flat.grad, cfg.hyper.lr, cfg.hyper.momentum)
             ctx.flat.data.copy_(x)
             compressed = self.hook == "powersgd" and step >= self.start_iter
-            if ctx.size > 1:
-                ctx.traffic["wire_bytes"] += round(self.bytes["steady" if compressed or self.hook in ("fp16", "bf16")
-                                                              else "dense"])
-                ctx.traffic["dense_wire_bytes"] += round(self.bytes["dense"])
-                ctx.traffic["messages"] += self.buckets * (3 if compressed else 1)
+            if ctx.size > 1:  # DDP's messages, counted in the rank's one counter as workbench's are
+                traffic = ctx.communicator.traffic
+                traffic.wire_bytes += round(self.bytes["steady" if compressed or self.hook in ("fp16", "bf16")
+                                                       else "dense"])
+                traffic.dense_wire_bytes += round(self.bytes["dense"])
+                traffic.messages += self.buckets * (3 if compressed else 1)
 
     torch.set_num_threads(1)
     comm = MPI.COMM_WORLD

@@ -39,6 +39,7 @@ from tabulate import tabulate  # noqa: E402
 
 from workbench.bench.machine import Load, describe, wall_and_faults  # noqa: E402
 from workbench.comm.options import Communication  # noqa: E402
+from workbench.comm.communicator import Communicator  # noqa: E402
 from workbench.comm.strategies import GradientReducer  # noqa: E402
 from workbench.models import FlatParams, build  # noqa: E402
 from workbench.optim.sync import gradient_step, gradient_step_  # noqa: E402
@@ -63,8 +64,8 @@ def measure(model: str, strategy: str, steps: int, update: bool = False) -> dict
     torch.manual_seed(0)
     flat = FlatParams(build(model, *SHAPES[model]))
     options, momentum = STRATEGIES[strategy]
-    reducer = GradientReducer(flat.params, flat.bounds, flat.grad, MPI.COMM_SELF, "ring", options,
-                              momentum=momentum, timeout=600)
+    net = Communicator(MPI.COMM_SELF, "ring", options, 600, flat.bounds)  # as a rank's (Context.communicator)
+    reducer = net.gradient_reducer(flat.params, flat.grad, momentum=momentum)
     if reducer.csc is not None:  # the training loop sets the step's ratio (after a warm-up)
         reducer.csc.ratio = options.sparse_ratio
     gradients = [torch.randn(flat.grad.numel()) * 1e-3 for _ in range(2)]

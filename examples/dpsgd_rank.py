@@ -2,7 +2,8 @@
 workbench's public base for that family, :class:`workbench.optim.sync.SyncAlgorithm`, which owns
 the loop (resume, evaluation points, checkpoints, cancel). The class writes ``step`` and
 ``final_weights``; it wraps its phases in ``ctx.span`` (the dashboard's timeline and communication
-share) and counts what it sends with ``ctx.count_message`` (the run's bytes on the wire)."""
+share) and sends through the rank's communicator, ``ctx.communicator``, which counts every message
+(the run's bytes on the wire)."""
 from __future__ import annotations
 
 import torch
@@ -33,15 +34,12 @@ class DPSGDRank(SyncAlgorithm):
                                     self.from_left)
             return
         self.sent.copy_(x)
-        sent = self.sent.numpy()
+        net = ctx.communicator  # sends and receives flat tensors; counts what it sends
         # to the right neighbour with RIGHT_TAG, from the left one with it (and the mirror): with two
         # ranks both neighbours are the same rank, and the tags keep the two messages apart
-        requests = [ctx.comm.Isend(sent, dest=self.right, tag=RIGHT_TAG),
-                    ctx.comm.Isend(sent, dest=self.left, tag=LEFT_TAG),
-                    ctx.comm.Irecv(self.from_left.numpy(), source=self.left, tag=RIGHT_TAG),
-                    ctx.comm.Irecv(self.from_right.numpy(), source=self.right, tag=LEFT_TAG)]
-        for _ in range(2):
-            ctx.count_message(sent.nbytes)
+        requests = (net.isend(self.sent, self.right, RIGHT_TAG) + net.isend(self.sent, self.left, LEFT_TAG)
+                    + net.irecv(self.from_left, self.left, RIGHT_TAG)
+                    + net.irecv(self.from_right, self.right, LEFT_TAG))
         ctx.gradient(step)  # at x_i, while the weights travel
         with ctx.span("neighbour_exchange", "wait"):
             MPI.Request.Waitall(requests)

@@ -352,13 +352,16 @@ def test_a_nodes_launcher_process_killed_ends_its_ranks_and_is_named(vc4):
     def kill_proxy():
         deadline = time.monotonic() + 60  # a loaded machine may not have started node 2's proxy 3 s in
         while time.monotonic() < deadline:
+            killed = False
             for pid in vc4.processes(2):
-                try:
-                    if "hydra_pmi_proxy" in " ".join(psutil.Process(pid).cmdline()):
+                try:  # the proxy itself, not the standin's `sh -c` that started it
+                    if psutil.Process(pid).name() == "hydra_pmi_proxy":
                         os.kill(pid, 9)
-                        return
+                        killed = True
                 except (psutil.NoSuchProcess, ProcessLookupError):
                     pass
+            if killed:
+                return
             time.sleep(0.2)
 
     message, seconds = _fault_during(vc4, kill_proxy)

@@ -1,9 +1,10 @@
 """Fusion buckets (GradientFlow's lazy all-reduce): how gradients are grouped into messages.
 
-Pure (no torch, no MPI): the runtime's :class:`~workbench.comm.strategies.GradientReducer`,
-Sync EASGD's weight exchange (:func:`workbench.optim.sync.reduce_flat`) and the scale-out
-predictor (:mod:`workbench.netsim.predict`) all cut their buckets with this one function, so the
-prediction sends exactly the messages a run sends.
+Pure (no torch, no MPI): the runtime's :class:`~workbench.comm.strategies.GradientReducer`, the
+rank's :class:`~workbench.comm.communicator.Communicator` (its ``allreduce`` and ``mean``: Sync
+EASGD's weights, the periodic family's averages) and the scale-out predictor
+(:mod:`workbench.netsim.predict`) all cut their buckets with this one function, so the prediction
+sends exactly the messages a run sends.
 """
 from __future__ import annotations
 

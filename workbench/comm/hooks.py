@@ -80,6 +80,12 @@ def dense_bytes(elements: int, comm: MPI.Comm, algorithm: str) -> int:
     return message_wire_bytes(elements, 4, comm, algorithm)
 
 
+def wire_collective(collective: str, dtype) -> str:
+    """The collective a message of ``dtype`` (torch or numpy) runs where ``collective`` was asked for:
+    fp16/bf16 run ``ring`` where ``native`` or ``auto`` was (see :class:`Wire`); anything else as asked."""
+    return "ring" if dtype in _HALF and collective in (AUTO, NATIVE) else collective
+
+
 class Work:
     """A reduction in flight: the message on the wire now and a flat list of continuations.
 
@@ -140,11 +146,8 @@ class Wire:
         the message until its :class:`Work` is done (wire precision scales it in place first).
         ``dense_elems``: the dense fp32 equivalent of this message in elements (None: none of its
         own, e.g. a control message)."""
-        collective = collective or self.collective
-        half = tensor.dtype in _HALF
-        if half and collective in (AUTO, NATIVE):
-            collective = "ring"
-        handle = iallreduce(tensor, self.comm, collective, narrow_bf16=half)
+        collective = wire_collective(collective or self.collective, tensor.dtype)
+        handle = iallreduce(tensor, self.comm, collective, narrow_bf16=tensor.dtype in _HALF)
         self.count(handle, dense_elems)
         return Work(handle)
 

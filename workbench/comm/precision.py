@@ -18,6 +18,9 @@ INITIAL_LOSS_SCALE = 2.0 ** 12
 BACKOFF = 0.5
 GROWTH_INTERVAL = 200
 
+#: the half-precision wire dtypes by their option value (``wire_dtype``, ``outer_wire_dtype``)
+WIRE_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
 
 class PrecisionState(HookState):
     """:func:`wire_precision`'s state: the wire dtype, fp16's dynamic loss scale and this step's
@@ -29,10 +32,10 @@ class PrecisionState(HookState):
     """
 
     def __init__(self, inner: HookState, wire_dtype: str) -> None:
-        if wire_dtype not in ("fp16", "bf16"):
+        if wire_dtype not in WIRE_DTYPES:
             raise ValueError(f"wire_dtype must be fp16 or bf16 for wire_precision; got {wire_dtype!r}")
         self.inner, self.wire_dtype = inner, wire_dtype
-        self.dtype = torch.float16 if wire_dtype == "fp16" else torch.bfloat16
+        self.dtype = WIRE_DTYPES[wire_dtype]
         self.loss_scale = INITIAL_LOSS_SCALE
         self.good_steps = 0
         self.overflow = False

@@ -96,7 +96,7 @@ class GradientReducer:
         if state is None:
             hook, state = make_hook(options, grad, momentum, hook)
         self.hook, self.state = hook, state
-        self.traffic = traffic if traffic is not None else Traffic()  # the rank's one counter (Context.traffic)
+        self.traffic = traffic if traffic is not None else Traffic()  # the rank's one counter (Communicator.traffic)
         self.wire = Wire(comm, collective, self.traffic)
         self.buckets = [GradBucket(i, a, b, ps, grad[a:b], self.wire)
                         for i, (a, b, ps) in enumerate(bucket_bounds(bounds, options.fusion_bytes))]

@@ -11,9 +11,10 @@ algorithm runs):
   no lock; concurrent arrivals read-modify-write it at once and can lose each other's updates
   (the races are real).
 
-Messages are buffer-based (numpy views of flat float32 tensors): one per exchange, or one per
-tensor with ``fusion_bytes=0``. EASGD workers overlap the exchange with the gradient
-computation (``overlap=True``), as in the paper, except in the original round-robin scheme
+Messages are buffer-based (numpy views of flat float32 tensors), sent and counted by the rank's
+communicator (``ctx.communicator``, :class:`~workbench.comm.communicator.Communicator`): one per
+exchange, or one per tensor with ``fusion_bytes=0``. EASGD workers overlap the exchange with the
+gradient computation (``overlap=True``), as in the paper, except in the original round-robin scheme
 (:class:`RoundRobinElasticWorker`).
 """
 from __future__ import annotations
@@ -34,32 +35,6 @@ from .trainer import TAG_DONE, Trainer
 TAG_PUSH, TAG_REPLY = 11, 12
 
 
-class _Messages:
-    """Send/receive a flat tensor as one message or one per layer."""
-
-    def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-        self.single = ctx.cfg.communication_options.fusion_bytes != 0  # 0: one message per tensor
-
-    def parts(self, t: torch.Tensor) -> list:
-        return [t.numpy()] if self.single else [s.numpy() for s in self.ctx.flat.segments(t)]
-
-    def isend(self, t, dest, tag) -> list:
-        parts = self.parts(t)
-        for part in parts:
-            self.ctx.count_message(part.nbytes)
-        return [self.ctx.comm.Isend(p, dest=dest, tag=tag) for p in parts]
-
-    def irecv(self, t, source, tag) -> list:
-        return [self.ctx.comm.Irecv(p, source=source, tag=tag) for p in self.parts(t)]
-
-    def send(self, t, dest, tag) -> None:
-        MPI.Request.Waitall(self.isend(t, dest, tag))
-
-    def recv(self, t, source, tag) -> None:
-        MPI.Request.Waitall(self.irecv(t, source, tag))
-
-
 # -- workers --------------------------------------------------------------------------------
 
 class ElasticWorker(Trainer):
@@ -73,7 +48,6 @@ class ElasticWorker(Trainer):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self.msg = _Messages(ctx)
         self.center = torch.empty_like(ctx.flat.data)
         self.velocity = torch.zeros_like(ctx.flat.data)
         self.momentum = ctx.cfg.spec.momentum
@@ -98,14 +72,15 @@ class ElasticWorker(Trainer):
         if step % cfg.tau == 0:
             if self.overlap:  # send x, receive the center, while the gradient is computed
                 with ctx.span("exchange_post", "comm", bytes=x.numel() * x.element_size()):
-                    reqs = self.msg.isend(x, 0, TAG_PUSH) + self.msg.irecv(self.center, 0, TAG_REPLY)
+                    net = ctx.communicator
+                    reqs = net.isend(x, 0, TAG_PUSH) + net.irecv(self.center, 0, TAG_REPLY)
                 ctx.gradient(step)
                 with ctx.span("exchange_wait", "comm"):
                     MPI.Request.Waitall(reqs)
             else:
                 with ctx.span("exchange", "comm", bytes=x.numel() * x.element_size()):
-                    self.msg.send(x, 0, TAG_PUSH)
-                    self.msg.recv(self.center, 0, TAG_REPLY)
+                    ctx.communicator.send(x, 0, TAG_PUSH)
+                    ctx.communicator.recv(self.center, 0, TAG_REPLY)
                 ctx.gradient(step)
             with ctx.span("update", "compute"):
                 if self.momentum:
@@ -137,7 +112,6 @@ class GradientWorker(Trainer):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self.msg = _Messages(ctx)
         self.pushed, self.scratch = torch.zeros_like(ctx.flat.data), torch.empty_like(ctx.flat.data)
 
     def final_weights(self) -> torch.Tensor:
@@ -157,8 +131,8 @@ class GradientWorker(Trainer):
         self.pushed += g
         if (step + 1) % cfg.tau == 0 or step == ctx.steps - 1:
             with ctx.span("exchange", "comm", bytes=x.numel() * x.element_size()):
-                self.msg.send(self.pushed, 0, TAG_PUSH)
-                self.msg.recv(x, 0, TAG_REPLY)
+                ctx.communicator.send(self.pushed, 0, TAG_PUSH)
+                ctx.communicator.recv(x, 0, TAG_REPLY)
             self.pushed.zero_()
         else:
             with ctx.span("update", "compute"):
@@ -176,7 +150,6 @@ class Master:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self.msg = _Messages(ctx)
         self.state = ctx.flat.data.clone()
         self.velocity = torch.zeros_like(self.state)
         self.elastic = ctx.cfg.spec.elastic
@@ -214,13 +187,13 @@ class Master:
     def serve_one(self, source: int, payload: torch.Tensor, reply: torch.Tensor) -> None:
         ctx, cfg = self.ctx, self.ctx.cfg
         with ctx.span("receive", "comm", source=source):
-            self.msg.recv(payload, source, TAG_PUSH)
+            ctx.communicator.recv(payload, source, TAG_PUSH)
         n = next(self.arrivals)  # this arrival's number: the schedule follows the master's arrivals
         lr = scheduled_lr(ctx.base_lr, cfg.lr_schedule, n - 1, self.total_arrivals)
         with ctx.span("apply", "compute", source=source):
             self.apply(payload, reply, lr)
         with ctx.span("reply", "comm", dest=source):
-            self.msg.send(reply, source, TAG_REPLY)
+            ctx.communicator.send(reply, source, TAG_REPLY)
         self._checkpoint(n)
         if ctx.is_eval_point(n, self.total_arrivals):
             with self._eval_lock:
@@ -247,10 +220,10 @@ class Master:
             turn %= len(active)
             source = active[turn] if round_robin else MPI.ANY_SOURCE
             with ctx.span("wait_for_worker", "wait"):
-                ctx.comm.Probe(source=source, tag=MPI.ANY_TAG, status=status)
+                ctx.communicator.probe(source, status)
             source = status.Get_source()
             if status.Get_tag() == TAG_DONE:
-                ctx.comm.Recv(bytearray(0), source=source, tag=TAG_DONE)
+                ctx.communicator.recv_empty(source, TAG_DONE)
                 active.remove(source)  # the next worker slides into index `turn`
                 continue
             self.serve_one(source, payload, reply)
@@ -276,9 +249,9 @@ class HogwildMaster(Master):
             try:
                 while True:
                     with ctx.span("wait_for_worker", "wait", worker=worker):
-                        ctx.comm.Probe(source=worker, tag=MPI.ANY_TAG, status=status)
+                        ctx.communicator.probe(worker, status)
                     if status.Get_tag() == TAG_DONE:
-                        ctx.comm.Recv(bytearray(0), source=worker, tag=TAG_DONE)
+                        ctx.communicator.recv_empty(worker, TAG_DONE)
                         return
                     self.serve_one(worker, payload, reply)  # no lock around the update
             except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread

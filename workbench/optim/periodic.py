@@ -18,7 +18,8 @@ The outer weights live in ``SyncAlgorithm.center`` (for ``local-sgd``: the last 
 what rank 0 evaluates and the run returns. At the last step every algorithm syncs once more (each
 fragment), so the returned model holds every worker's last steps. Every exchange is a ``comm``
 span (``average_weights``, ``outer_exchange``: the dashboard's timeline shows it on its own row when
-it overlaps inner steps), every message is counted (:meth:`Context.count_message`) at its wire
+it overlaps inner steps) through the rank's communicator (``ctx.communicator``:
+:meth:`~workbench.comm.communicator.Communicator.mean`), every message counted at its wire
 precision, and the state (inner optimizer, outer momentum, a fragment's exchange in flight) is
 checkpointed, so a resumed run repeats the uninterrupted one bit for bit.
 """
@@ -26,17 +27,11 @@ from __future__ import annotations
 
 import torch
 
-from ..comm.buckets import bucket_bounds
-from ..comm.hooks import dense_bytes
-from ..comm.names import AUTO, NATIVE
-from ..comm.nonblocking import iallreduce
 from ..runtime.rank.context import Context, TrainingError
 from ..telemetry import IN_FLIGHT_TID
 from . import fragments as fragmenting
 from . import rules
-from .sync import SyncAlgorithm, Background, reduce_flat
-
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from .sync import SyncAlgorithm, Background
 
 
 class InnerOptimizer:
@@ -76,29 +71,6 @@ class InnerOptimizer:
             self.m.copy_(state["inner_m"])
 
 
-def exchange_mean(ctx: Context, buf: torch.Tensor, bounds: list[tuple[int, int]], comm, wire_dtype: str) -> None:
-    """Replace ``buf`` (laid out as the tensors ``bounds``, relative to ``buf``) by its mean over the
-    ranks of ``comm``, in the run's fusion buckets, each sent in ``wire_dtype`` and counted. fp32 is
-    :func:`~workbench.optim.sync.reduce_flat` (blocking: it releases the GIL, so a thread overlaps it
-    with inner steps); fp16/bf16 travel as such (pre-divided by the rank count) on the ``ring`` where
-    ``native``/``auto`` was asked for (MPI has no bf16 sum; see :class:`~workbench.comm.hooks.Wire`)."""
-    p, cfg = comm.Get_size(), ctx.cfg
-    if wire_dtype == "fp32":
-        reduce_flat(ctx, buf, bounds, comm)
-        buf.div_(p)
-        return
-    dtype = _DTYPES[wire_dtype]
-    algorithm = "ring" if cfg.collective in (AUTO, NATIVE) else cfg.collective
-    for start, stop, _ in bucket_bounds(bounds, cfg.communication_options.fusion_bytes, dtype.itemsize):
-        part = buf[start:stop]
-        wire = (part / p).to(dtype)
-        handle = iallreduce(wire, comm, algorithm, narrow_bf16=True)
-        handle.wait(cfg.comm_timeout)
-        part.copy_(wire.to(part.dtype))
-        if p > 1:
-            ctx.count_message(handle.wire_bytes, dense_bytes(stop - start, comm, algorithm))
-
-
 class PeriodicAlgorithm(SyncAlgorithm):
     """The family's shared parts: the inner optimizer, the sync-SGD warm-up, when to sync, and the
     outer weights (``center``) that are evaluated and returned."""
@@ -125,7 +97,7 @@ class PeriodicAlgorithm(SyncAlgorithm):
         ctx = self.ctx
         ctx.gradient(step)
         with ctx.span("reduce_gradients", "comm"):
-            reduce_flat(ctx, ctx.flat.grad)
+            ctx.communicator.allreduce(ctx.flat.grad)
         with ctx.span("update", "compute"):
             self.inner.step(ctx.flat.data, ctx.flat.grad / ctx.size, ctx.lr(step))
             self.center.copy_(ctx.flat.data)
@@ -177,7 +149,7 @@ class LocalSGD(PeriodicAlgorithm):
             return
         ctx, x = self.ctx, self.ctx.flat.data
         with ctx.span("average_weights", "comm", step=done):
-            exchange_mean(ctx, x, ctx.flat.bounds, ctx.comm, "fp32")
+            ctx.communicator.mean(x)
         self.center.copy_(x)
 
 
@@ -188,7 +160,7 @@ class DiLoCo(PeriodicAlgorithm):
         ctx, cfg = self.ctx, self.ctx.cfg
         delta = self.center - ctx.flat.data  # this worker's outer gradient
         with ctx.span("outer_exchange", "comm", step=done):
-            exchange_mean(ctx, delta, ctx.flat.bounds, ctx.comm, cfg.outer_wire_dtype)
+            ctx.communicator.mean(delta, wire_dtype=cfg.outer_wire_dtype)
         self.outer_update(0, len(delta), delta, 0.0)
 
 
@@ -203,14 +175,14 @@ class StreamingDiLoCo(PeriodicAlgorithm):
         cfg = ctx.cfg
         self.parts = fragmenting.partition(ctx.flat.bounds, cfg.fragments)
         self.pending = None
-        self.outer_comm = ctx.comm
+        self.outer = ctx.communicator  # what the outer exchanges travel on
         if cfg.sync_delay > 0 and ctx.size > 1:
             from mpi4py import MPI
             if MPI.Query_thread() != MPI.THREAD_MULTIPLE:
                 raise TrainingError(f"rank {ctx.rank}: streaming-diloco with sync_delay > 0 overlaps exchanges in a "
                                     f"thread and needs MPI_THREAD_MULTIPLE; this MPI granted level "
                                     f"{MPI.Query_thread()} (use sync_delay=0)")
-            self.outer_comm = ctx.comm.Dup()
+            self.outer = ctx.communicator.dup()  # the main thread's collectives never meet the thread's
 
     def _fragment_bounds(self, fragment: int) -> list[tuple[int, int]]:
         start, _, tensors = self.parts[fragment]
@@ -225,7 +197,7 @@ class StreamingDiLoCo(PeriodicAlgorithm):
 
         def send(**row) -> None:
             with ctx.span("outer_exchange", "comm", fragment=fragment, step=done, **row):
-                exchange_mean(ctx, delta, bounds, self.outer_comm, cfg.outer_wire_dtype)
+                self.outer.mean(delta, bounds, cfg.outer_wire_dtype)
         # beside the inner steps, the exchange is drawn on the rank's in-flight row (as sync-sgd's buckets)
         thread = Background(lambda: send(tid=IN_FLIGHT_TID)) if overlap else send()
         self.pending = (fragment, done + cfg.sync_delay, delta, thread)

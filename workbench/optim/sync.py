@@ -14,7 +14,9 @@ Since every rank receives bit-identical sums, every rank's center is identical. 
 all-reduces weights, not gradients: fusion applies (buckets of the weight vector), the
 gradient hooks do not (the weights are known before backward starts, so the whole exchange
 overlaps the gradient computation already), nor do wire precision and CSC (see
-``workbench.config``).
+``workbench.config``). Both exchange through the rank's communicator (``ctx.communicator``,
+:class:`~workbench.comm.communicator.Communicator`: its ``gradient_reducer`` and ``allreduce``),
+which counts every message.
 """
 from __future__ import annotations
 
@@ -22,35 +24,12 @@ import threading
 
 import torch
 
-from ..comm import allreduce
-from ..comm.buckets import bucket_bounds
-from ..comm.buffers import FlatBuffer
-from ..comm.hooks import dense_bytes
 from ..comm.hookspec import load_hook
-from ..comm.implementations import buffer_wire_bytes
-from ..comm.mpi_allreduce import choose
-from ..comm.names import AUTO
-from ..comm.strategies import GradientReducer
 from ..comm.options import warmup_ratio
+from ..comm.strategies import GradientReducer
 from ..runtime.rank.context import Context
 from . import rules
 from .trainer import Trainer
-
-
-def reduce_flat(ctx: Context, buf: torch.Tensor, bounds: list[tuple[int, int]] | None = None,
-                comm=None) -> None:
-    """All-reduce a flat tensor laid out like the parameters (or like the tensors ``bounds``,
-    relative to ``buf``), over ``comm`` (default the run's), in the run's fusion buckets (one
-    message by default, one per tensor with ``fusion_bytes=0``), each message counted. Blocking:
-    Sync EASGD overlaps it with the gradient in a thread, where blocking MPI calls release
-    the GIL (a nonblocking handle's wait loop would compete with the computing thread)."""
-    fusion, comm = ctx.cfg.communication_options.fusion_bytes, ctx.comm if comm is None else comm
-    for start, stop, _ in bucket_bounds(ctx.flat.bounds if bounds is None else bounds, fusion, buf.element_size()):
-        part = FlatBuffer(buf[start:stop])
-        algorithm = choose(part, comm) if ctx.cfg.collective == AUTO else ctx.cfg.collective
-        allreduce(buf[start:stop], comm, algorithm)
-        if comm.Get_size() > 1:
-            ctx.count_message(buffer_wire_bytes(part, comm, algorithm), dense_bytes(stop - start, comm, algorithm))
 
 
 def gradient_step(x: torch.Tensor, velocity: torch.Tensor, reducer: GradientReducer, ranks: int, lr: float,
@@ -132,9 +111,8 @@ class SyncSGD(SyncAlgorithm):
         cfg = ctx.cfg
         self.options = cfg.communication_options
         hook = load_hook(cfg.comm_hook) if cfg.comm_hook else None  # a user's hook in place of dense/CSC
-        self.reducer = GradientReducer(ctx.flat.params, ctx.flat.bounds, ctx.flat.grad, ctx.comm, cfg.collective,
-                                       self.options, momentum=cfg.hyper.momentum, timeout=cfg.comm_timeout, hook=hook,
-                                       traffic=ctx.traffic)
+        self.reducer = ctx.communicator.gradient_reducer(ctx.flat.params, ctx.flat.grad, momentum=cfg.hyper.momentum,
+                                                         hook=hook)
         self.csc = self.reducer.csc  # CSC's state (momentum, residual, ratio), or None
         self.scratch = torch.empty_like(ctx.flat.data)  # the update's gradient term (gradient_step_)
 
@@ -188,12 +166,12 @@ class SyncEASGD(SyncAlgorithm):
             return
         x_sum.copy_(x)  # pre-step weights, summed while the gradient is computed
         if cfg.overlap:
-            comm_thread = Background(lambda: reduce_flat(ctx, x_sum))
+            comm_thread = Background(lambda: ctx.communicator.allreduce(x_sum))
             ctx.gradient(step)
             with ctx.span("join_allreduce", "wait"):
                 comm_thread.join()
         else:
-            reduce_flat(ctx, x_sum)
+            ctx.communicator.allreduce(x_sum)
             ctx.gradient(step)
         with ctx.span("update", "compute"):
             p = ctx.size

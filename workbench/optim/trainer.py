@@ -73,7 +73,7 @@ class Trainer:
             if self.lockstep and self._after(step + 1):
                 break
         if not self.lockstep:
-            ctx.comm.Send(b"", dest=0, tag=TAG_DONE)
+            ctx.communicator.send_empty(0, TAG_DONE)
         return self.final_weights()
 
     def _resume(self, resume_dir) -> None:
