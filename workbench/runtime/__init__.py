@@ -1,7 +1,8 @@
 """Runtime, by process role (one sub-package each).
 
 - :mod:`~workbench.runtime.rank`: code that runs on an MPI rank: ``worker`` (the program every
-  rank runs), ``context`` (model, data shard, metrics), ``checkpoint``, ``sink`` (the engine's
+  rank runs), ``context`` (the rank's ``Context``: its parts ``shard``, ``replica``, ``monitor`` and the
+  communicator), ``checkpoint``, ``sink`` (the engine's
   entry point for a notebook run and its signed stream to the notebook).
 - :mod:`~workbench.runtime.client`: code in the notebook or CLI process: ``handle`` (the one run
   handle: status, records, store row, ``wait``; its states in ``run_state``), ``run`` (a notebook's

@@ -18,6 +18,7 @@ each held by one part and read and written there.
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from pathlib import Path
 
 import torch
@@ -36,12 +37,10 @@ class TrainingError(RuntimeError):
 
 def _held_by(part: str, name: str, settable: bool) -> property:
     """A Context attribute held by its part ``part`` (one place holds it: a write reaches the part)."""
-    def read(ctx):
-        return getattr(getattr(ctx, part), name)
-
     def write(ctx, value) -> None:
         setattr(getattr(ctx, part), name, value)
-    return property(read, write if settable else None, doc=f"``{part}.{name}``")
+    # read through attrgetter (C): algorithms read these in every step (a Python getter: 2x the cost)
+    return property(attrgetter(f"{part}.{name}"), write if settable else None, doc=f"``{part}.{name}``")
 
 
 class Context:
