@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from workbench.runtime.launch.shm import mapped_shm
+from workbench.runtime.launch.leftovers import mapped_shm
 
 pytestmark = pytest.mark.mpi
 

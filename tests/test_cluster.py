@@ -224,7 +224,7 @@ def test_works_when_path_lacks_the_venv_and_stops_clean(tmp_path):
         import glob, os, time
         import workbench as wb
         from workbench.runtime.client import records
-        from workbench.runtime.launch.shm import mapped_shm
+        from workbench.runtime.launch.leftovers import mapped_shm
         shm_before = {os.path.basename(p) for p in glob.glob("/dev/shm/mpich_shm_*")}
         with wb.Cluster(n=2) as c:
             r = c.train(wb.RunConfig(algorithm="sync-sgd", ranks=2, epochs=1), store=False).wait(60)

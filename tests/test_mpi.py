@@ -4,6 +4,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pytest
 
 from workbench.collectives import schedules
 from workbench.runtime.launch.launcher import MPILaunchError, run_mpi
-from workbench.runtime.launch.shm import mapped_shm, remove_orphaned_shm
+from workbench.runtime.launch.leftovers import mapped_shm, remove_leftovers
 
 pytestmark = pytest.mark.mpi
 
@@ -137,11 +138,26 @@ def test_failed_jobs_leave_no_shared_memory_behind():
     assert not new - mapped_shm(), new
 
 
-def test_orphaned_segments_are_removed_and_mapped_ones_kept(tmp_path):
-    orphan = tmp_path / "mpich_shm_orphan_0"
-    orphan.write_bytes(b"\0" * 4096)
-    live = tmp_path / "mpich_shm_live_0"
-    live.write_bytes(b"\0" * 4096)
-    with open(live, "r+b") as f, mmap.mmap(f.fileno(), 4096):  # this process maps it
-        assert remove_orphaned_shm(tmp_path) == ["mpich_shm_orphan_0"]
-        assert live.exists() and not orphan.exists()
+def test_leftovers_removed_are_only_our_own_unused_files(tmp_path):
+    """A killed job's segment goes; one a live process maps, holds open or names in its environment
+    stays, and so do another user's file and a planted link: skipped, never an error."""
+    def made(name: str) -> Path:
+        path = tmp_path / name
+        path.write_bytes(b"\0" * 4096)
+        return path
+    orphan, live, held = made("mpich_shm_orphan_0"), made("mpich_shm_live_0"), made("Intel_MPI_held")
+    named, theirs = made("hydra_hwloc_xmlfile_named"), made("sm_segment.vm.0.theirs")
+    os.chown(theirs, 65534, 65534)  # nobody's: a file another user has, or planted
+    (tmp_path / "mpich_shm_link").symlink_to(live)
+    stale = made("hydra_hwloc_xmlfile_stale")
+    sleeper = subprocess.Popen(["sleep", "60"], env={"HWLOC_XMLFILE": str(named)})
+    try:
+        with open(live, "r+b") as f, mmap.mmap(f.fileno(), 4096), open(held, "rb"):
+            removed = remove_leftovers({"/dev/shm": tmp_path, "tmp": tmp_path})
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert sorted(removed) == ["hydra_hwloc_xmlfile_stale", "mpich_shm_orphan_0"]
+    assert not orphan.exists() and not stale.exists()
+    assert live.exists() and held.exists() and named.exists() and theirs.exists()
+    assert (tmp_path / "mpich_shm_link").is_symlink()

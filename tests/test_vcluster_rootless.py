@@ -15,49 +15,23 @@ from pathlib import Path
 import psutil
 import pytest
 
+from users import NOBODY, as_user
 from vcluster_fixture import vcluster_name
 
 pytestmark = [pytest.mark.mpi, pytest.mark.vcluster]
 
 ROOT = Path(__file__).resolve().parent.parent
-NOBODY = 65534
-
-
-def _blocking(paths) -> dict[str, set[str]]:
-    """Folders ``nobody`` cannot pass on the way to ``paths`` (the venv's interpreter may live under a 0700
-    home), with the entries of each that must stay reachable."""
-    out: dict[str, set[str]] = {}
-    for path in paths:
-        parts = Path(os.path.realpath(path)).parts
-        for i in range(1, len(parts)):
-            folder = Path(*parts[:i])
-            if not os.stat(folder).st_mode & 0o001:
-                out.setdefault(str(folder), set()).add(parts[i])
-                break
-    return out
 
 
 def _as_nobody(argv: list[str], env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run ``argv`` as uid/gid 65534 with no capabilities. The test machine's Python may sit under a
-    folder only root may pass (pyenv in /root): in a private mount namespace of this call only, such a
-    folder is covered by one that lets anyone pass, holding just the entries the command needs."""
-    steps = []
-    for i, (folder, entries) in enumerate(_blocking([sys.executable, sys.prefix, str(ROOT / "workbench")]).items()):
-        stash = f"/run/wbtest-stash-{os.getpid()}-{i}"
-        steps += [f"mkdir -p {stash}", f"mount --bind '{folder}' {stash}",
-                  f"mount -t tmpfs -o mode=0711 wbtest '{folder}'"]
-        for entry in entries:
-            steps += [f"mkdir -p '{folder}/{entry}'", f"mount --rbind '{stash}/{entry}' '{folder}/{entry}'"]
-        steps += [f"umount -l {stash}", f"rmdir {stash}"]
-    script = "; ".join(steps + [f'exec setpriv --reuid={NOBODY} --regid={NOBODY} --clear-groups "$@"'])
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", *argv],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd="/")
+    """Run ``argv`` as uid/gid 65534 with no capabilities (:func:`users.as_user`)."""
+    return as_user(NOBODY, NOBODY, argv, env, timeout)
 
 
 @pytest.fixture
 def nobody_env():
     state = Path(tempfile.mkdtemp(prefix="wbtest-nobody-"))
-    state.chmod(0o777)
+    os.chown(state, NOBODY, NOBODY)  # its own state folder: 0700 and nobody's (workbench refuses one others may write)
     runtime = Path(tempfile.gettempdir()) / f"workbench-vcluster-{NOBODY}"
     env = {**{k: v for k, v in os.environ.items() if k not in ("XDG_RUNTIME_DIR",)}, "WORKBENCH_STATE_DIR": str(state),
            "HOME": str(state), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}

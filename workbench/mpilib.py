@@ -75,6 +75,13 @@ class MPIFlavour:
         """Whether ``args`` place the ranks on hosts themselves."""
         return any(a in self.PLACING for a in args)
 
+    #: the arguments that name other hosts to start ranks on
+    HOSTS: tuple[str, ...] = ("-hosts", "-host", "-f", "-hostfile", "-machinefile")
+
+    def on_hosts(self, args) -> bool:
+        """Whether ``args`` start ranks on other hosts (then they need a network beyond this host's)."""
+        return any(a in self.HOSTS for a in args)
+
     def hosts_args(self, hosts: list[str], ppn: int) -> list[str]:
         """Place the ranks on ``hosts`` (addresses), ``ppn`` on each in block order."""
         return ["-hosts", ",".join(f"{h}:{ppn}" for h in hosts)]
@@ -153,6 +160,7 @@ class OpenMPI(MPIFlavour):
 
     #: the arguments that place ranks themselves (then ``start_args`` leaves the mapping alone)
     PLACING = ("--host", "-H", "--hostfile", "--map-by")
+    HOSTS = ("--host", "-H", "--hostfile")
 
     def hosts_args(self, hosts: list[str], ppn: int) -> list[str]:
         return ["--host", ",".join(f"{h}:{ppn}" for h in hosts), "--map-by", "slot"]

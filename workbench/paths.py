@@ -6,6 +6,7 @@ by default all live under ``~/.cache/workbench``. Pure (the standard library onl
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 #: the words that turn a cache off (``WORKBENCH_TUNING_CACHE=none``): nothing is kept
@@ -29,6 +30,39 @@ def from_env(variable: str, default: str, *, may_be_off: bool = True) -> Path | 
 
 
 def state_dir() -> Path:
-    """Where clusters (notebook clusters, virtual clusters) are recorded: ``$WORKBENCH_STATE_DIR`` or
-    ``~/.cache/workbench``."""
-    return from_env("WORKBENCH_STATE_DIR", "", may_be_off=False)
+    """Where clusters (notebook clusters, virtual clusters) are recorded, with their connection files,
+    keys and logs: ``$WORKBENCH_STATE_DIR`` or ``~/.cache/workbench``, this user's alone (made 0700, or
+    :class:`UnsafeFolder` if another user owns it or may write it: :func:`own_folder`)."""
+    return own_folder(from_env("WORKBENCH_STATE_DIR", "", may_be_off=False),
+                      instead="set WORKBENCH_STATE_DIR to a folder of your own")
+
+
+class UnsafeFolder(RuntimeError):
+    """A folder workbench would use that another user made or may write: one line naming the path,
+    why, and the fix (as OpenSSH refuses a key file others can read)."""
+
+
+def own_folder(path: str | os.PathLike, *, mode: int = 0o700, instead: str = "use another folder") -> Path:
+    """``path``, a folder of this user's that no one else may write: created (parents too) with
+    ``mode`` if it is not there, else checked as it is. On a shared machine a folder in ``/tmp`` or
+    ``/dev/shm`` may have been made first by another user, to read or steer what is put in it; so a
+    link, a folder another user owns, or one that group or others may write (beyond what ``mode``
+    allows) is :class:`UnsafeFolder`, naming the fix or what to do ``instead``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, mode)  # exclusive: either we made it now, or it was there and is checked below
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        why = f"{'is a link' if stat.S_ISLNK(st.st_mode) else 'is not a folder'}; remove it"
+    elif st.st_uid != os.geteuid():
+        why = (f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}): another user made it; remove it if it "
+               "is not yours")
+    elif st.st_mode & 0o022 & ~mode:
+        who = "group and others" if st.st_mode & 0o002 else "its group"
+        why = f"may be written by {who} (mode {st.st_mode & 0o777:o}); chmod go-w {path}"
+    else:
+        return path
+    raise UnsafeFolder(f"{path} {why}, or {instead}")

@@ -128,14 +128,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"unrecognized arguments: -- {' '.join(command)}")
         args.argv = command
     args.argv_given = given  # a rootless cluster's commands run again inside its user namespace
-    if not args.launches:
-        return args.func(args)
+    from ..paths import UnsafeFolder
     from ..runtime.launch.signals import handling_signals, raise_interrupted
     try:
+        if not args.launches:
+            return args.func(args)
         # SIGTERM and SIGHUP end these commands like Ctrl-C: as an exception, so the store is
         # updated and no MPI process is left (while a job runs, the launcher handles them itself)
         with handling_signals(raise_interrupted):
             return args.func(args)
+    except UnsafeFolder as exc:  # another user's folder, or one others may write: nothing was started
+        say(f"workbench {args.command}: {exc}")
+        return 2
     except KeyboardInterrupt as exc:  # before or after a run: nothing is running
         code, name = interrupt_code(exc)
         say(f"workbench {args.command}: interrupted by {name}")

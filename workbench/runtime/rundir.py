@@ -58,8 +58,9 @@ def make_run_dir(run_dir: str | os.PathLike, option: str = "run_dir") -> Path:
                           f"new directory (to continue that run: --resume {run_dir} --out NEW_DIR)")
     writable_folder(option, run_dir, ConfigError)
     try:
-        run_dir.parent.mkdir(parents=True, exist_ok=True)
-        run_dir.mkdir(mode=0o777 if shared_files() else 0o700, exist_ok=True)
+        mode = 0o777 if shared_files() else 0o700  # the runs' folder too: others do not list run ids
+        run_dir.parent.mkdir(parents=True, exist_ok=True, mode=mode)
+        run_dir.mkdir(mode=mode, exist_ok=True)
     except OSError as exc:  # changed since the check (another process)
         raise ConfigError(f"{option}: cannot create {str(run_dir)!r} ({exc.strerror or exc}); give a folder "
                           f"you can write") from None

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 from ..files import atomic_write
+from ..paths import own_folder
 from .plan import RANGE, SLOTS
 from .tools import VirtualClusterError, run, tool
 
@@ -24,12 +25,28 @@ ROOT_REGISTRY = Path("/run/workbench-vcluster")
 USERNS_REGISTRY = Path("/run/workbench-vcluster-userns")
 
 
-def registry() -> Path:
+def registry(create: bool = False) -> Path:
     """Where cluster records live: ``/run/workbench-vcluster`` for root (and inside a rootless
     cluster's user namespace, where ``/run`` is its own); for other users
-    ``$XDG_RUNTIME_DIR/workbench-vcluster`` or ``<tmp>/workbench-vcluster-<uid>``."""
-    if os.environ.get("WORKBENCH_VCLUSTER_REGISTRY"):
-        return Path(os.environ["WORKBENCH_VCLUSTER_REGISTRY"])
+    ``$XDG_RUNTIME_DIR/workbench-vcluster`` or ``<tmp>/workbench-vcluster-<uid>``.
+
+    A record names processes that ``down`` kills, so the folder must be this user's alone: when it
+    is there (or ``create``: made exclusively) it is checked (:func:`workbench.paths.own_folder`),
+    and one that another user made or may write is :class:`~workbench.paths.UnsafeFolder`."""
+    path = _where()
+    if create or os.path.lexists(path):
+        own_folder(path, mode=0o755 if os.geteuid() == 0 else 0o700,
+                   instead=f"set {REGISTRY_ENV} to a folder of your own")
+    return path
+
+
+#: environment variable that moves the registry
+REGISTRY_ENV = "WORKBENCH_VCLUSTER_REGISTRY"
+
+
+def _where() -> Path:
+    if os.environ.get(REGISTRY_ENV):
+        return Path(os.environ[REGISTRY_ENV])
     if os.geteuid() == 0 and os.environ.get("WORKBENCH_VCLUSTER_INSIDE"):
         # root inside a rootless cluster's user namespace, in its own /run: not root's path, under which
         # the host's registry is mounted (a namespace kept below a copy of that mount fails with EINVAL)
@@ -65,8 +82,7 @@ def write_record(name: str, record: dict) -> None:
 @contextlib.contextmanager
 def locked():
     """One ``up`` or ``down`` at a time on this machine (they choose subnets and names)."""
-    reg = registry()
-    reg.mkdir(parents=True, exist_ok=True, mode=0o755)
+    reg = registry(create=True)
     with open(reg / ".lock", "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:

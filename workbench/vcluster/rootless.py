@@ -104,8 +104,7 @@ def up(vc, timeout: float = 60.0) -> None:
     reason = why_no_user_namespaces()
     if reason:
         raise VirtualClusterError(f"vcluster up as uid {os.getuid()}: {reason}; run it as root instead")
-    reg = outer_registry()
-    reg.mkdir(parents=True, exist_ok=True, mode=0o700)
+    reg = registry.registry(create=True)
     existing = registry.read_record(name)
     if existing is not None:
         if existing.get("holder") and _holder_alive(existing):

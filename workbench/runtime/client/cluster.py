@@ -14,7 +14,8 @@ Why the settings below:
 - Every cluster started here is recorded (owner pid and start time, ipyparallel's cluster file)
   under ``$WORKBENCH_STATE_DIR/clusters`` (default ``~/.cache/workbench/clusters``). A kernel that
   dies leaves its controller, mpiexec and engines running; the next ``Cluster()`` finds those
-  records, stops what they name, kills stray engines and removes ``/dev/shm/mpich_shm_*`` files.
+  records, stops what they name, kills stray engines and removes what killed MPI jobs of this user
+  left (``/dev/shm`` segments).
 
 Batch systems: ``engines="slurm"`` (or ``pbs``, ``sge``, ``lsf``) starts the engines as one batch
 job (``srun ... ipyparallel.engine --mpi``) with ``account``, ``queue`` (partition), ``timelimit``
@@ -44,7 +45,7 @@ from ...config import ConfigError, RunConfig
 from ..launch.blame import describe_end, rank_records
 from ..launch import slurm
 from ..launch.engines import LAUNCHERS, SlurmCommandError
-from ..launch.shm import remove_orphaned_shm
+from ..launch.leftovers import remove_leftovers
 from ..processes import alive
 from .ipp_setup import KeptLog, use_slurm_of, virtual_cluster
 from .records import (cleanup_stale_clusters, cmdline, guard_dir, kill, processes_of, record_path,  # noqa: F401 - cleanup_stale_clusters re-exported
@@ -360,7 +361,7 @@ class Cluster:
                 slurm.cancel([self.slurm_job])
             kill([p for p in processes_of(self._ipp.cluster_id)
                    if "ipyparallel.controller" not in " ".join(cmdline(p))])
-            remove_orphaned_shm()
+            remove_leftovers()
             self.engines_need_restart = True
 
     def stop(self) -> None:
@@ -387,7 +388,7 @@ class Cluster:
             kill(processes_of(self._ipp.cluster_id))  # anything that did not stop
             record_path(self._ipp.cluster_id).unlink(missing_ok=True)
             remove_files_of(self._ipp.cluster_id, self._ipp.cluster_file, self.files)
-            remove_orphaned_shm()
+            remove_leftovers()
             self._ipp, self.client, self.ranks, self.engine_ids = None, None, {}, []
             self.slurm_job, self._slurm_jobs = None, []
             if self._heartbeats is not None:

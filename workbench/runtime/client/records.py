@@ -6,11 +6,12 @@ Every cluster started by :class:`~workbench.runtime.client.cluster.Cluster` is r
 running (and, for ``engines="slurm"``, its engines' batch job queued or running);
 :func:`cleanup_stale_clusters` finds those records, cancels the Slurm jobs they name (``scancel``),
 stops what they name, kills stray engines (found by the cluster id in their environment) and
-removes the cluster's files and orphaned ``/dev/shm/mpich_shm_*`` segments.
+removes the cluster's files and what its killed MPI jobs left (this user's only: :mod:`..launch.leftovers`).
 """
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ import psutil
 
 from ...files import atomic_write
 from ...paths import state_dir
-from ..launch.shm import remove_orphaned_shm
+from ..launch.leftovers import remove_leftovers
 from ..processes import stop_processes
 
 #: environment variable that marks every process of a cluster with its id
@@ -63,12 +64,13 @@ def _owner_alive(record: dict) -> bool:
 
 
 def processes_of(cluster_id: str) -> list[psutil.Process]:
-    """Controller, engines, nannies and mpiexec of a cluster: their environment carries
-    ``WORKBENCH_CLUSTER_ID`` (ipyparallel passes the cluster id in ways that vary by launcher)."""
-    found = []
+    """Controller, engines, nannies and mpiexec of a cluster: this user's processes whose environment
+    carries ``WORKBENCH_CLUSTER_ID`` (ipyparallel passes the cluster id in ways that vary by launcher);
+    never another user's, whatever its environment says."""
+    found, me = [], os.geteuid()
     for proc in psutil.process_iter():
         try:
-            if proc.environ().get(CLUSTER_ID_ENV) == cluster_id:
+            if proc.uids().real == me and proc.environ().get(CLUSTER_ID_ENV) == cluster_id:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
@@ -108,7 +110,7 @@ def cleanup_stale_clusters() -> list[str]:
         path.unlink(missing_ok=True)
         stopped.append(record["cluster_id"])
     if stopped:
-        remove_orphaned_shm()
+        remove_leftovers()
     return stopped
 
 

@@ -168,14 +168,23 @@ class Run(RunHandle):
                     self.error = f"run timed out after {self._timeout:g} s and was cancelled"
             self._finish()
         except BaseException as exc:  # noqa: BLE001 - never leave wait() hanging
-            why = f"workbench: the run's receiver failed: {exc!r}"
-            if self.status == "failed":  # final: the first failure stays the cause
-                self.error = f"{self.error}\n{why}"
-            else:
-                self._transition("failed", why)
-            self._done.set()
+            self._receiver_failed(exc)
         finally:
             self._socket.close(linger=0)
+
+    def _receiver_failed(self, exc: BaseException) -> None:
+        """The receiver raised: the run is failed, with the first failure as its cause, and ended in the
+        store too (a failed run never stays ``running`` there), whatever its clean-up met."""
+        why = f"workbench: the run's receiver failed: {exc!r}"
+        if self.status == "failed":  # final: the first failure stays the cause
+            self.error = f"{self.error}\n{why}"
+        else:
+            self._transition("failed", why)
+        if not self._done.is_set():
+            try:
+                self._end()
+            finally:
+                self._done.set()
 
     def _drain(self) -> None:
         records, spans = [], []

@@ -27,7 +27,7 @@ from .heartbeat import Listener, describe as describe_silent
 from .job import Job
 from ...mpilib import FLAVOURS, check_pairing, find_mpiexec, flavour_of, rank_library
 from .mpiexec import mpiexec_command, rank_environment, srun_command
-from .shm import remove_orphaned_shm
+from .leftovers import remove_leftovers
 from .signals import RunInterrupted
 
 
@@ -161,7 +161,7 @@ class JobLauncher(Launcher):
         silent, the timeout or a non-zero exit (blaming the rank that ended first); the result otherwise."""
         job, result, outcome, nranks = self.job, self.result, self.outcome, self.nranks
         if outcome != "exited" or result.returncode != 0:
-            remove_orphaned_shm()
+            remove_leftovers()
         if job.signals:
             how = "ended by itself" if outcome == "exited" else "was stopped"
             interrupted = RunInterrupted(job.signals[0], f"the MPI job on {nranks} ranks {how}")

@@ -14,7 +14,7 @@ from typing import Sequence
 
 from ...checks import integer
 from ...mpilib import find_mpiexec, flavour_of
-from . import slurm
+from . import private_net, slurm
 
 #: Environment for every rank: one thread each. Two threads per rank on 2 cores made 4 ranks
 #: about 50x slower on the development machine.
@@ -52,12 +52,15 @@ def mpiexec_command(nranks: int, python_args: Sequence[str], *,
     MPI_Abort ends the job before the launcher forwarded its last words). With ``output_dir`` alone,
     the library writes the same files (:meth:`~workbench.mpilib.MPIFlavour.output_args`). What the library needs
     to start the ranks here (Open MPI as root, more ranks than cores) comes from its flavour
-    (:meth:`~workbench.mpilib.MPIFlavour.start_args`).
+    (:meth:`~workbench.mpilib.MPIFlavour.start_args`). A job on this host alone starts in a network of
+    its own (:mod:`.private_net`).
     """
     integer("nranks", nranks)
     mpiexec = find_mpiexec()
     mpi = flavour_of(mpiexec)
-    cmd = [mpiexec, "-n", str(nranks), *mpi.start_args(nranks, placed=mpi.placed(mpi_args)), *mpi_args]
+    # a job on this host alone runs in a network of its own: nothing it listens on is reachable by others
+    alone = [] if mpi.on_hosts(mpi_args) else private_net.prefix()
+    cmd = [*alone, mpiexec, "-n", str(nranks), *mpi.start_args(nranks, placed=mpi.placed(mpi_args)), *mpi_args]
     if guard_dir is not None:
         cmd += [sys.executable, "-I", str(GUARD), str(guard_dir)]
         if output_dir is not None:

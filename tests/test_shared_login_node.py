@@ -1,0 +1,205 @@
+"""A login node shared with another user: two real Linux users made for the test. The owner trains from
+the CLI; the attacker, with nothing but what any user has, tries what issue 45 found: connecting and
+sending hydra's 12 bytes to every port the owner's processes listen on, reading every file the
+owner's runs make, planting a ``/dev/shm`` segment and hydra's topology file for the owner's clean-up to
+trip on, and planting the owner's virtual-cluster registry in ``/tmp``. Each attack fails, the owner's
+run ends as it does unattacked, and nothing of the owner's is left."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from users import as_user, as_user_argv, made_user
+
+pytestmark = [pytest.mark.mpi]
+
+ROOT = Path(__file__).resolve().parent.parent
+TRAIN = ["-m", "workbench.cli", "train", "--algorithm", "sync-sgd", "--ranks", "4", "--dataset", "digits",
+         "--model", "mlp"]
+
+#: the attacker's scan: every TCP port the owner's uid listens on (``/proc/net/tcp*``: any user reads
+#: them), connected to on every local address and sent hydra's header; what it found, as JSON
+ATTACK = r"""
+import json, socket, sys
+owner = sys.argv[1]
+found, sent = [], 0
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for line in open(table).read().splitlines()[1:]:
+        f = line.split()
+        if f[3] == "0A" and f[7] == owner:  # LISTEN, the owner's uid
+            found.append(int(f[1].split(":")[1], 16))
+for port in found:
+    for host in ("127.0.0.1", socket.gethostname()):
+        try:
+            with socket.create_connection((host, port), timeout=2) as s:
+                s.sendall(b"HYD\0" + b"\0" * 8)
+                sent += 1
+        except OSError:
+            pass
+print(json.dumps({"ports": found, "sent": sent}))
+"""
+
+#: the attacker tries to open every file and list every folder it is given
+READ = r"""
+import json, os, sys
+read = []
+for path in json.load(sys.stdin):
+    try:
+        if os.path.isdir(path):
+            os.listdir(path)
+        else:
+            open(path, "rb").read(1)
+        read.append(path)
+    except OSError:
+        pass
+print(json.dumps(read))
+"""
+
+
+def _env(user, **extra) -> dict:
+    keep = {k: v for k, v in os.environ.items() if not k.startswith(("WORKBENCH_", "XDG_", "SLURM_"))}
+    return {**keep, "HOME": user.pw_dir, "OMP_NUM_THREADS": "1", "TMPDIR": "/tmp",
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **extra}
+
+
+def _checksum(stdout: str) -> str:
+    return re.search(r"weights_checksum\s+(\S+)", stdout).group(1)
+
+
+def _everything_under(*folders: Path) -> list[str]:
+    paths = []
+    for folder in folders:
+        for base, dirs, files in os.walk(folder):
+            paths += [os.path.join(base, name) for name in dirs + files]
+    return paths
+
+
+def _owned_by(uid: int, folder: str, prefixes: tuple[str, ...]) -> list[str]:
+    return [p.name for p in Path(folder).iterdir() if p.name.startswith(prefixes) and p.lstat().st_uid == uid]
+
+
+def _processes_of(uid: int, timeout: float = 10) -> list[str]:
+    """The user's processes still running after ``timeout`` s (a zombie that init has yet to reap is gone)."""
+    import psutil
+    deadline = time.monotonic() + timeout
+    while True:
+        left = []
+        for p in psutil.process_iter(["uids", "status", "cmdline"]):
+            if p.info["uids"] and p.info["uids"].real == uid and p.info["status"] != psutil.STATUS_ZOMBIE:
+                left.append(" ".join(p.info["cmdline"] or []))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def users():
+    with made_user("o") as owner, made_user("a") as attacker:
+        yield owner, attacker
+
+
+def test_another_user_cannot_stop_read_or_break_a_cli_run(users, tmp_path):
+    owner, attacker = users
+    home = Path(owner.pw_dir)
+    env = _env(owner)
+    store = home / "runs.sqlite"
+    plain = subprocess.run([sys.executable, *TRAIN, "--epochs", "30", "--store", str(tmp_path / "s.sqlite"),
+                            "--out", str(tmp_path / "plain")], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert plain.returncode == 0, plain.stderr
+
+    # the attacker's files, planted before the owner runs: a segment and hydra's topology file
+    planted = [f"/dev/shm/mpich_shm_{attacker.pw_name}", f"/tmp/hydra_hwloc_xmlfile_{attacker.pw_name}"]
+    done = as_user(attacker.pw_uid, attacker.pw_gid, ["sh", "-c", " && ".join(f"touch {p}" for p in planted)],
+                   _env(attacker))
+    assert done.returncode == 0, done.stderr
+
+    run = subprocess.Popen(as_user_argv(owner.pw_uid, owner.pw_gid, [sys.executable, *TRAIN, "--epochs", "30",
+                                                                     "--store", str(store), "--out",
+                                                                     str(home / "attacked")]),
+                           cwd="/", env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list((home / "attacked").glob("job/*/ranks/rank3.start*")):
+            assert run.poll() is None and time.monotonic() < deadline, "the owner's run never started"
+            time.sleep(0.2)
+        scan = as_user(attacker.pw_uid, attacker.pw_gid, [sys.executable, "-c", ATTACK, str(owner.pw_uid)],
+                       _env(attacker))
+        assert scan.returncode == 0, scan.stderr
+        listened = json.loads(scan.stdout)
+        seen = subprocess.run(["ss", "-Htlnpu"], capture_output=True, text=True).stdout
+        during = _everything_under(home)
+        out, err = run.communicate(timeout=300)
+    finally:
+        run.kill()
+    # nothing of the running job listened where the attacker could reach it
+    assert listened == {"ports": [], "sent": 0}, (listened, seen)
+    assert run.returncode == 0, err
+    assert _checksum(out) == _checksum(plain.stdout)  # the same bits as the run nobody attacked
+
+    # every file and folder the owner's runs made, read by the attacker: none opens
+    after = _everything_under(home)
+    assert len(after) > 10
+    read = subprocess.run(as_user_argv(attacker.pw_uid, attacker.pw_gid, [sys.executable, "-c", READ]),
+                          input=json.dumps(sorted(set(during + after + [str(home)]))), capture_output=True,
+                          text=True, timeout=60, env=_env(attacker), cwd="/")
+    assert read.returncode == 0 and json.loads(read.stdout) == [], read.stdout + read.stderr
+
+    # a failing run meets the planted files in its clean-up: the rank's error is what the store keeps
+    failing = as_user(owner.pw_uid, owner.pw_gid, [sys.executable, *TRAIN, "--epochs", "3", "--fail-rank", "2",
+                                                   "--fail-step", "3", "--store", str(store), "--out",
+                                                   str(home / "failing")], env, timeout=300)
+    assert failing.returncode == 1
+    assert "rank 2 on node" in failing.stderr and "Operation not permitted" not in failing.stderr, failing.stderr
+    with sqlite3.connect(store) as db:
+        rows = dict(db.execute("select status, error from runs where run_id = 'failing'").fetchall())
+    assert "failed" in rows and "injected failure on rank 2" in rows["failed"], rows
+    assert all(os.path.exists(p) for p in planted)  # the attacker's files, untouched
+    for p in planted:
+        os.unlink(p)
+
+    # nothing of the owner's is left: no process, no segment, no topology file
+    assert _processes_of(owner.pw_uid) == []
+    assert _owned_by(owner.pw_uid, "/dev/shm", ("mpich_shm_", "Intel_MPI_", "sm_segment.")) == []
+    assert _owned_by(owner.pw_uid, "/tmp", ("hydra_hwloc_xmlfile_",)) == []
+
+
+def test_a_planted_registry_or_state_folder_is_refused_in_one_line(users):
+    owner, attacker = users
+    registry = Path(tempfile.gettempdir()) / f"workbench-vcluster-{owner.pw_uid}"
+    shutil.rmtree(registry, ignore_errors=True)
+    planted = as_user(attacker.pw_uid, attacker.pw_gid, [
+        sys.executable, "-c", f"import os, json; os.mkdir({str(registry)!r}, 0o777); os.chmod({str(registry)!r}, 0o777);"
+        f"os.mkdir({str(registry / 'x')!r}); open({str(registry / 'x' / 'cluster.json')!r}, 'w').write("
+        "json.dumps({'name': 'x', 'holder': {'pid': 1, 'started': 0}, 'nodes': 2}))"], _env(attacker))
+    assert planted.returncode == 0, planted.stderr
+    try:
+        for command in (["list"], ["down", "x"]):
+            done = as_user(owner.pw_uid, owner.pw_gid, [sys.executable, "-m", "workbench.cli", "vcluster", *command],
+                           _env(owner))
+            assert done.returncode == 2, done.stdout + done.stderr
+            line = done.stderr.strip()
+            assert "\n" not in line and str(registry) in line and f"belongs to uid {attacker.pw_uid}" in line, line
+    finally:
+        shutil.rmtree(registry, ignore_errors=True)
+
+    # a state folder others may write: refused before anything starts, notebook and CLI alike
+    state = Path(owner.pw_dir) / "open-state"
+    state.mkdir(mode=0o777)
+    state.chmod(0o777)
+    os.chown(state, owner.pw_uid, owner.pw_gid)
+    env = _env(owner, WORKBENCH_STATE_DIR=str(state))
+    done = as_user(owner.pw_uid, owner.pw_gid, [sys.executable, "-c", "import workbench as wb; wb.Cluster(n=2).start()"],
+                   env)
+    assert done.returncode == 1 and f"UnsafeFolder: {state} may be written by group and others" in done.stderr
+    assert not any(state.iterdir())
