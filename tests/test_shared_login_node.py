@@ -103,20 +103,27 @@ def _processes_of(uid: int, timeout: float = 10) -> list[str]:
 
 
 @pytest.fixture(scope="module")
+def plain(tmp_path_factory) -> str:
+    """The checksum of the run, as root and unattacked."""
+    tmp = tmp_path_factory.mktemp("plain")
+    done = subprocess.run([sys.executable, *TRAIN, "--epochs", "30", "--store", str(tmp / "s.sqlite"),
+                           "--out", str(tmp / "plain")], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    return _checksum(done.stdout)
+
+
+@pytest.fixture(scope="module")
 def users():
     with made_user("o") as owner, made_user("a") as attacker:
         yield owner, attacker
 
 
-def test_another_user_cannot_stop_read_or_break_a_cli_run(users, tmp_path):
+def test_another_user_cannot_stop_read_or_break_a_cli_run(users, plain):
     owner, attacker = users
     home = Path(owner.pw_dir)
     env = _env(owner)
     store = home / "runs.sqlite"
-    plain = subprocess.run([sys.executable, *TRAIN, "--epochs", "30", "--store", str(tmp_path / "s.sqlite"),
-                            "--out", str(tmp_path / "plain")], cwd=ROOT, capture_output=True, text=True,
-                           timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert plain.returncode == 0, plain.stderr
 
     # the attacker's files, planted before the owner runs: a segment and hydra's topology file
     planted = [f"/dev/shm/mpich_shm_{attacker.pw_name}", f"/tmp/hydra_hwloc_xmlfile_{attacker.pw_name}"]
@@ -136,6 +143,7 @@ def test_another_user_cannot_stop_read_or_break_a_cli_run(users, tmp_path):
         scan = as_user(attacker.pw_uid, attacker.pw_gid, [sys.executable, "-c", ATTACK, str(owner.pw_uid)],
                        _env(attacker))
         assert scan.returncode == 0, scan.stderr
+        assert run.poll() is None  # the attack came while the run ran
         listened = json.loads(scan.stdout)
         seen = subprocess.run(["ss", "-Htlnpu"], capture_output=True, text=True).stdout
         during = _everything_under(home)
@@ -145,7 +153,7 @@ def test_another_user_cannot_stop_read_or_break_a_cli_run(users, tmp_path):
     # nothing of the running job listened where the attacker could reach it
     assert listened == {"ports": [], "sent": 0}, (listened, seen)
     assert run.returncode == 0, err
-    assert _checksum(out) == _checksum(plain.stdout)  # the same bits as the run nobody attacked
+    assert _checksum(out) == plain  # the same bits as the run nobody attacked
 
     # every file and folder the owner's runs made, read by the attacker: none opens
     after = _everything_under(home)
@@ -203,3 +211,78 @@ def test_a_planted_registry_or_state_folder_is_refused_in_one_line(users):
                    env)
     assert done.returncode == 1 and f"UnsafeFolder: {state} may be written by group and others" in done.stderr
     assert not any(state.iterdir())
+
+
+#: the owner's notebook: a cluster and a run; it says where its sockets are, waits for the attack, and
+#: reports the result
+NOTEBOOK = r"""
+import json, os, sys, time
+import workbench as wb
+signal_file, go_file = sys.argv[1], sys.argv[2]
+with wb.Cluster(n=4) as cluster:
+    run = cluster.train(wb.RunConfig(algorithm="sync-sgd", ranks=4, dataset="digits", model="mlp", epochs=30),
+                        store=False)
+    while len(run.history) < 5:
+        time.sleep(0.05)
+    with open(signal_file + ".tmp", "w") as f:
+        json.dump({"sockets": cluster.sockets, "pids": list(cluster.pids.values())}, f)
+    os.rename(signal_file + ".tmp", signal_file)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(go_file) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    running = not run.done()
+    result = run.wait(300)
+    print(json.dumps({"checksum": result.summary["weights_checksum"], "attacked_while_running": running,
+                      "rejected": run.rejected_messages}))
+"""
+
+#: the attacker connects to every Unix socket in the owner's sockets folder
+UNIX = r"""
+import json, os, socket, sys
+folder, reached = sys.argv[1], []
+try:
+    names = os.listdir(folder)
+except OSError as exc:
+    names = [f"c-{n}" for n in range(3)]  # cannot even list it: try names as they would be
+for name in names:
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.connect(os.path.join(folder, name))
+            reached.append(name)
+    except OSError:
+        pass
+print(json.dumps(reached))
+"""
+
+
+def test_another_user_cannot_reach_or_stop_a_notebook_cluster(users, plain):
+    owner, attacker = users
+    home = Path(owner.pw_dir)
+    signal_file, go_file = home / "started.json", home / "go"
+    notebook = subprocess.Popen(as_user_argv(owner.pw_uid, owner.pw_gid, [sys.executable, "-c", NOTEBOOK,
+                                                                          str(signal_file), str(go_file)]),
+                                cwd=home, env=_env(owner), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while not signal_file.exists():
+            assert notebook.poll() is None and time.monotonic() < deadline, notebook.communicate()
+            time.sleep(0.1)
+        started = json.loads(signal_file.read_text())
+        scan = as_user(attacker.pw_uid, attacker.pw_gid, [sys.executable, "-c", ATTACK, str(owner.pw_uid)],
+                       _env(attacker))
+        unix = as_user(attacker.pw_uid, attacker.pw_gid, [sys.executable, "-c", UNIX, str(started["sockets"])],
+                       _env(attacker))
+        stat = os.stat(started["sockets"]) if started["sockets"] else None
+        go_file.touch()
+        out, err = notebook.communicate(timeout=300)
+    finally:
+        notebook.kill()
+    assert notebook.returncode == 0, err[-3000:]
+    said = json.loads(out.strip().splitlines()[-1])
+    assert said["attacked_while_running"] and said["rejected"] == 0
+    assert json.loads(scan.stdout) == {"ports": [], "sent": 0}, scan.stdout + scan.stderr
+    assert json.loads(unix.stdout) == [], unix.stdout + unix.stderr
+    assert stat.st_uid == owner.pw_uid and stat.st_mode & 0o777 == 0o700
+    assert said["checksum"] == plain  # the same bits as the CLI's run nobody attacked
+    assert not os.path.exists(started["sockets"])  # stop removed the sockets' folder
+    assert _processes_of(owner.pw_uid) == []

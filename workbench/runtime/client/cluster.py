@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -47,7 +48,7 @@ from ..launch import slurm
 from ..launch.engines import LAUNCHERS, SlurmCommandError
 from ..launch.leftovers import remove_leftovers
 from ..processes import alive
-from .ipp_setup import KeptLog, use_slurm_of, virtual_cluster
+from .ipp_setup import KeptLog, link_ipc_sockets, private_network, use_slurm_of, virtual_cluster
 from .records import (cleanup_stale_clusters, cmdline, guard_dir, kill, processes_of, record_path,  # noqa: F401 - cleanup_stale_clusters re-exported
                       remove_files_of, write_record)
 from ...paths import state_dir
@@ -88,13 +89,17 @@ class Cluster:
             job of the cluster's own Slurm), ``ppn`` per node; the controller, the live stream and
             the engines' heartbeats listen on its head address; runs must write where its nodes see.
         ppn: engines per node on ``vcluster`` (block placement, default 1).
+        curve: CurveZMQ between the controller, the engines and this client (encrypted and keyed:
+            the server key goes in the 0600 connection files); ``False`` for ipyparallel's HMAC
+            signatures alone. Engines on this host run in a network of their own where the kernel
+            allows it (``$WORKBENCH_NETWORK``, docs/security.md).
     """
 
     def __init__(self, n: int = 4, engines: str = "mpi", *, reachable: bool = False,
                  account: str = "", queue: str = "", timelimit: str = "", options: str = "",
                  mpi_args: list[str] | None = None, srun_args: list[str] | None = None,
                  start_timeout: float = 60.0, ipp_config: dict[str, dict[str, Any]] | None = None,
-                 vcluster=None, ppn: int = 1) -> None:
+                 vcluster=None, ppn: int = 1, curve: bool = True) -> None:
         integer("n: number of engines", n, error=ConfigError)
         self.vcluster, self.ppn = virtual_cluster(vcluster, engines, n, ppn, reachable), ppn
         if engines not in LAUNCHERS:
@@ -116,7 +121,9 @@ class Cluster:
                               "{'batch_template': ...}}")
         self.n, self.engines = n, engines
         self.start_timeout = start_timeout
-        self._settings = dict(reachable=reachable, account=account, queue=queue, timelimit=timelimit,
+        if not isinstance(curve, bool):
+            raise ConfigError(f"curve: True (CurveZMQ, the default) or False, got {curve!r}")
+        self._settings = dict(curve=curve, reachable=reachable, account=account, queue=queue, timelimit=timelimit,
                               options=options, mpi_args=mpi_args, srun_args=srun_args, ipp_config=ipp_config or {})
         self._ipp = None
         self.client = None
@@ -130,12 +137,22 @@ class Cluster:
         self._slurm_jobs: list[str] = []  # every engine job this cluster submitted
         self._log = KeptLog()
         self._heartbeats = None  # engines on a virtual cluster beat here (runtime.launch.heartbeat)
+        self.private_prefix: list[str] | None = None  # what starts mpiexec in a network of its own
+        self.sockets: str | None = None  # then: the 0700 folder of the controller's and live streams' sockets
         self._slurm_env_before: dict | None = None
 
     # -- configuration ---------------------------------------------------------------------
     def _ipp_cluster(self):
         from .ipp_setup import ipp_cluster
         return ipp_cluster(self, f"wb-{os.getpid()}-{secrets.token_hex(3)}")
+
+    def _private_network(self) -> None:
+        """Engines on this host start in a network of their own (no port of theirs reachable by another
+        user): the controller and the live streams then listen on Unix sockets in a new 0700 folder."""
+        self.private_prefix = private_network(self)
+        if self.private_prefix:
+            import tempfile
+            self.sockets = tempfile.mkdtemp(prefix="wb-")  # short: a socket's path has at most 107 bytes
 
     def batch_script(self, workdir: str | os.PathLike | None = None) -> str:
         """The engines' batch script as it would be submitted (batch systems only)."""
@@ -166,9 +183,12 @@ class Cluster:
             self._heartbeats = Listener(self.vcluster.head_address, self.n)
             if self.engines == "slurm":
                 use_slurm_of(self, self.vcluster)
+        self._private_network()
         self._ipp = self._ipp_cluster()
         guard_dir(self._ipp.cluster_id, self.files).mkdir(parents=True, exist_ok=True, mode=0o700)
         self._ipp.start_controller_sync()
+        if self.sockets is not None:
+            link_ipc_sockets(self.sockets, Path(self._ipp.profile_dir) / "security", self._ipp.cluster_id)
         self._record()
         try:
             self._start_engines()
@@ -391,6 +411,9 @@ class Cluster:
             remove_leftovers()
             self._ipp, self.client, self.ranks, self.engine_ids = None, None, {}, []
             self.slurm_job, self._slurm_jobs = None, []
+            if self.sockets is not None:
+                shutil.rmtree(self.sockets, ignore_errors=True)
+                self.sockets = None
             if self._heartbeats is not None:
                 self._heartbeats.close()
                 self._heartbeats = None
@@ -403,7 +426,7 @@ class Cluster:
 
     def _record(self) -> None:
         write_record(self._ipp.cluster_id, self._ipp.cluster_file, engines=self.engines, n=self.n, files=self.files,
-                     slurm_jobs=self._slurm_jobs)
+                     slurm_jobs=self._slurm_jobs, sockets=self.sockets)
 
     def __enter__(self) -> "Cluster":
         return self.start()

@@ -66,6 +66,10 @@ def ipp_cluster(cluster, cluster_id: str):
         for trait, value in traits.items():
             config[cls][trait] = value
     location = {"controller_ip": cluster.listen_ip, "controller_location": cluster.advertised_ip}
+    transport = ["--IPController.enable_curve=True"] if s["curve"] else []
+    if cluster.sockets is not None:  # engines in a network of their own: Unix sockets in a 0700 folder
+        location["controller_ip"] = str(Path(cluster.sockets) / "c")
+        transport.append("--IPController.transport=ipc")
     profile_dir = files / "ipython"
     profile_dir.mkdir(parents=True, exist_ok=True)
     engines = slurm_launcher() if cluster.engines == "slurm" else cluster.engines
@@ -78,7 +82,7 @@ def ipp_cluster(cluster, cluster_id: str):
     # the hub's (500 ms x 10 misses) would drop its engines first, as if they had died
     beats = ["--HeartMonitor.period=500"] + (["--HeartMonitor.max_heartmonitor_misses=60"] if vc is not None else [])
     return ipp.Cluster(engines=engines, n=cluster.n, config=config, log_level=logging.INFO, log=log,
-                       controller_args=beats, profile_dir=str(profile_dir),
+                       controller_args=beats + transport, profile_dir=str(profile_dir),
                        shutdown_atexit=True, cluster_id=cluster_id, **location)
 
 
@@ -88,11 +92,53 @@ def _mpiexec_engines(config, cluster, guarded: list[str]) -> None:
     records how it ended (see runtime.rankguard)."""
     mpiexec = find_mpiexec()
     mpi, vc = flavour_of(mpiexec), cluster.vcluster
-    config.MPIEngineSetLauncher.mpi_cmd = [mpiexec]
+    config.MPIEngineSetLauncher.mpi_cmd = [*(cluster.private_prefix or []), mpiexec]
     placement = vc.mpiexec_args(cluster.n, cluster.ppn, wdir=vc.shared, flavour=mpi) if vc is not None else []
     args = placement + cluster._settings["mpi_args"]
     config.MPIEngineSetLauncher.mpi_args = mpi.start_args(cluster.n, placed=mpi.placed(args)) + args
     config.MPIEngineSetLauncher.engine_cmd = guarded
+
+
+def private_network(cluster) -> list[str]:
+    """What starts the engines' mpiexec in a network of its own (:mod:`..launch.private_net`): engines
+    on this host (not on a virtual cluster's nodes, nor ``reachable`` for a batch system); [] for the
+    host's network."""
+    if cluster.engines != "mpi" or cluster.vcluster is not None or cluster._settings["reachable"]:
+        return []
+    from ..launch import private_net
+    return private_net.prefix()
+
+
+def link_ipc_sockets(folder: str, security: Path, cluster_id: str, timeout: float = 30.0) -> None:
+    """ipyparallel's controller binds ``ipc://PATH-PORT`` while its engines and client connect to
+    ``ipc://PATH:PORT`` (ipyparallel 9: ``controller/app.py`` joins with ``-``, ``engine/app.py`` and
+    ``client/client.py`` with ``:``): each socket that the controller's connection files (in
+    ``security``, written after it started) name gets a link under the name they look for, once bound."""
+    import json
+    import time
+    deadline = time.monotonic() + timeout
+    ports: set[int] = set()
+    for kind in ("engine", "client"):
+        path = security / f"ipcontroller-{cluster_id}-{kind}.json"
+        while True:
+            try:
+                info = json.loads(path.read_text())
+                break
+            except (OSError, ValueError):  # not written yet, or half
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the controller wrote no {path} in {timeout:g} s") from None
+                time.sleep(0.02)
+        for value in info.values():
+            ports.update(v for v in (value if isinstance(value, list) else [value])
+                         if isinstance(v, int) and not isinstance(v, bool))
+    while ports:
+        for port in sorted(ports):
+            if (Path(folder) / f"c-{port}").is_socket():
+                (Path(folder) / f"c:{port}").symlink_to(f"c-{port}")
+                ports.discard(port)
+        if ports and time.monotonic() > deadline:
+            raise TimeoutError(f"the controller bound no socket for ports {sorted(ports)} in {timeout:g} s")
+        time.sleep(0.02)
 
 
 def listen_ip(cluster) -> str:

@@ -44,7 +44,7 @@ def record_path(cluster_id: str) -> Path:
 
 
 def write_record(cluster_id: str, cluster_file: str | None, *, engines: str, n: int, files: Path,
-                 slurm_jobs: list[str]) -> None:
+                 slurm_jobs: list[str], sockets: str | None = None) -> None:
     """Record a cluster that this process (its owner, by pid and start time) started: what
     :func:`cleanup_stale_clusters` stops once the owner is gone. Written whole (a cleanup in another
     kernel never reads half a record, which it would take for a stale one)."""
@@ -53,7 +53,7 @@ def write_record(cluster_id: str, cluster_file: str | None, *, engines: str, n: 
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps({"cluster_id": cluster_id, "owner_pid": me.pid, "owner_started": me.create_time(),
                                    "cluster_file": cluster_file, "engines": engines, "n": n, "started": time.time(),
-                                   "files": str(files), "slurm_jobs": slurm_jobs}))
+                                   "files": str(files), "slurm_jobs": slurm_jobs, "sockets": sockets}))
 
 
 def _owner_alive(record: dict) -> bool:
@@ -107,6 +107,8 @@ def cleanup_stale_clusters() -> list[str]:
             slurm.wait_gone(record["slurm_jobs"], timeout=10)
         kill(processes_of(record["cluster_id"]))
         remove_files_of(record["cluster_id"], record.get("cluster_file"), Path(record.get("files") or state_dir()))
+        if record.get("sockets"):  # the folder of its Unix sockets (engines in a network of their own)
+            shutil.rmtree(record["sockets"], ignore_errors=True)
         path.unlink(missing_ok=True)
         stopped.append(record["cluster_id"])
     if stopped:

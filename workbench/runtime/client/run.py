@@ -21,6 +21,7 @@ Failure and cancellation never hang the notebook:
 """
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections import deque
@@ -75,8 +76,13 @@ class Run(RunHandle):
         self._context = zmq.Context.instance()
         self._socket = self._context.socket(zmq.PULL)
         self._socket.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        port = self._socket.bind_to_random_port(f"tcp://{cluster.listen_ip}")
-        self.address = address = f"tcp://{cluster.advertised_ip}:{port}"  # the live stream (signed messages only)
+        if cluster.sockets is not None:  # engines in a network of their own: a Unix socket in a 0700 folder
+            address = f"ipc://{cluster.sockets}/live-{secrets.token_hex(4)}"  # a path: <= 107 bytes
+            self._socket.bind(address)
+        else:
+            port = self._socket.bind_to_random_port(f"tcp://{cluster.listen_ip}")
+            address = f"tcp://{cluster.advertised_ip}:{port}"
+        self.address = address  # the live stream (signed messages only)
         self.launcher = Engines(cluster, self.config, str(self.run_dir), address, self.run_id, self._secret)
         self.launcher.start()
         self._thread = threading.Thread(target=self._receive, name=f"run-{self.run_id}", daemon=True)
