@@ -212,6 +212,20 @@ def test_a_planted_registry_or_state_folder_is_refused_in_one_line(users):
     assert done.returncode == 1 and f"UnsafeFolder: {state} may be written by group and others" in done.stderr
     assert not any(state.iterdir())
 
+    # a connection file (a cluster's key) that others may read: refused, named, before anything starts
+    state.chmod(0o700)
+    security = state / "ipython" / "security"
+    security.mkdir(parents=True)
+    key = security / "ipcontroller-old-client.json"
+    key.write_text("{}")
+    key.chmod(0o644)
+    for path in (state / "ipython", security, key):
+        os.chown(path, owner.pw_uid, owner.pw_gid)
+    done = as_user(owner.pw_uid, owner.pw_gid, [sys.executable, "-c", "import workbench as wb; wb.Cluster(n=2).start()"],
+                   env)
+    assert done.returncode == 1, done.stderr
+    assert f"UnsafeFolder: {key} holds a secret and may be read or written by others (mode 644); chmod 600" in done.stderr
+
 
 #: the owner's notebook: a cluster and a run; it says where its sockets are, waits for the attack, and
 #: reports the result

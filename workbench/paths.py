@@ -66,3 +66,19 @@ def own_folder(path: str | os.PathLike, *, mode: int = 0o700, instead: str = "us
     else:
         return path
     raise UnsafeFolder(f"{path} {why}, or {instead}")
+
+
+def private_file(path: str | os.PathLike) -> Path:
+    """``path``, a file that holds a secret (a connection file: the key to a cluster), checked: yours,
+    not a link, and readable by no one else; else :class:`UnsafeFolder` naming it and the fix."""
+    path = Path(path)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        why = "is a link; remove it"
+    elif st.st_uid != os.geteuid():
+        why = f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}); remove it"
+    elif st.st_mode & 0o077:
+        why = f"may be read or written by others (mode {st.st_mode & 0o777:o}); chmod 600 {path}, or remove it"
+    else:
+        return path
+    raise UnsafeFolder(f"{path} holds a secret and {why}")

@@ -48,7 +48,7 @@ from ..launch import slurm
 from ..launch.engines import LAUNCHERS, SlurmCommandError
 from ..launch.leftovers import remove_leftovers
 from ..processes import alive
-from .ipp_setup import KeptLog, link_ipc_sockets, private_network, use_slurm_of, virtual_cluster
+from .ipp_setup import KeptLog, check_keys, link_ipc_sockets, private_network, use_slurm_of, virtual_cluster
 from .records import (cleanup_stale_clusters, cmdline, guard_dir, kill, processes_of, record_path,  # noqa: F401 - cleanup_stale_clusters re-exported
                       remove_files_of, write_record)
 from ...paths import state_dir
@@ -178,6 +178,7 @@ class Cluster:
         if self._ipp is not None:
             return self
         cleanup_stale_clusters()
+        check_keys(self.files)
         if self.vcluster is not None:
             from ..launch.heartbeat import Listener
             self._heartbeats = Listener(self.vcluster.head_address, self.n)

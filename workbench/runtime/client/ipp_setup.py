@@ -22,6 +22,7 @@ from ...checks import integer
 from ...config import ConfigError
 from ..launch.engines import LAUNCHERS, SRUN_DEFAULTS, slurm_launcher
 from ...mpilib import find_mpiexec, flavour_of
+from ...paths import private_file
 from ..launch.mpiexec import GUARD, RANK_ENV
 from .records import CLUSTER_ID_ENV, batch_dir, guard_dir
 
@@ -97,6 +98,13 @@ def _mpiexec_engines(config, cluster, guarded: list[str]) -> None:
     args = placement + cluster._settings["mpi_args"]
     config.MPIEngineSetLauncher.mpi_args = mpi.start_args(cluster.n, placed=mpi.placed(args)) + args
     config.MPIEngineSetLauncher.engine_cmd = guarded
+
+
+def check_keys(files: Path) -> None:
+    """The connection files already in ``files`` (other clusters' keys) are readable by this user alone
+    (:func:`~workbench.paths.private_file`): one line naming a file that is not, before anything starts."""
+    for path in (files / "ipython" / "security").glob("*.json"):
+        private_file(path)
 
 
 def private_network(cluster) -> list[str]:
