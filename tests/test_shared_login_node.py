@@ -300,3 +300,22 @@ def test_another_user_cannot_reach_or_stop_a_notebook_cluster(users, plain):
     assert said["checksum"] == plain  # the same bits as the CLI's run nobody attacked
     assert not os.path.exists(started["sockets"])  # stop removed the sockets' folder
     assert _processes_of(owner.pw_uid) == []
+
+
+def test_the_network_setting_is_checked_and_told(tmp_path):
+    """``WORKBENCH_NETWORK``: a word that is no mode is one line before anything starts (no run folder);
+    ``workbench info`` says which network a job on this host gets."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WORKBENCH_NETWORK": "bogus"}
+    done = subprocess.run([sys.executable, *TRAIN, "--epochs", "1", "--store", str(tmp_path / "s.sqlite"),
+                           "--out", str(tmp_path / "run")], cwd=ROOT, capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "WORKBENCH_NETWORK='bogus' is not one of auto, private, host" in done.stderr
+    assert not (tmp_path / "run").exists()
+    said = {}
+    for network in ("auto", "host"):
+        info = subprocess.run([sys.executable, "-m", "workbench.cli", "info"], capture_output=True, text=True,
+                              env={**env, "WORKBENCH_NETWORK": network}, timeout=120)
+        said[network] = next(line for line in info.stdout.splitlines() if line.startswith("single-host jobs"))
+    assert "a network of their own (WORKBENCH_NETWORK=auto)" in said["auto"]  # user namespaces work here
+    assert "the host's network (WORKBENCH_NETWORK=host)" in said["host"]

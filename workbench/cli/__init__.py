@@ -93,9 +93,26 @@ def info(args) -> int:
             code = 1
     rows.append(("MPI libraries known", ", ".join(f"{f.name} ({f.title})" for f in FLAVOURS.values())))
     rows.append(("srun", shutil.which("srun") or "not on PATH"))
+    rows.append(("single-host jobs", _network_row()))
     for key, value in rows:
         print(f"{key:20s} {value}")
     return code
+
+
+def _network_row() -> str:
+    """Which network a job on this host alone gets (docs/security.md)."""
+    from ..runtime.launch import private_net
+    try:
+        chosen = private_net.mode()
+    except private_net.PrivateNetworkError as exc:
+        return f"error: {exc}"
+    reason = None if chosen == "host" else private_net.why_not()
+    if chosen == "host":
+        return f"the host's network ({private_net.ENV}=host): other users can reach their ports"
+    if reason is None:
+        return f"a network of their own ({private_net.ENV}={chosen}): no port reachable by other users"
+    return (f"the host's network: no network namespace for this user ({reason}); other users can reach their "
+            "ports")
 
 
 def build_parser() -> argparse.ArgumentParser:

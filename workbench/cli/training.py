@@ -70,6 +70,12 @@ def launcher_of(args) -> tuple[str, list[str], dict]:
             check_pairing(flavour_of(find_mpiexec()))
         except (MPIFlavourError, FileNotFoundError) as exc:
             raise ConfigError(f"mpiexec: {exc}") from None
+        if not placement:  # a job on this host alone: the network it gets (docs/security.md)
+            from ..runtime.launch import private_net
+            try:
+                private_net.prefix()
+            except private_net.PrivateNetworkError as exc:
+                raise ConfigError(str(exc)) from None
     return launcher, args.srun_args, placement
 
 

@@ -109,9 +109,11 @@ def check_keys(files: Path) -> None:
 
 def private_network(cluster) -> list[str]:
     """What starts the engines' mpiexec in a network of its own (:mod:`..launch.private_net`): engines
-    on this host (not on a virtual cluster's nodes, nor ``reachable`` for a batch system); [] for the
-    host's network."""
+    on this host (not on a virtual cluster's nodes or hosts that ``mpi_args`` name, nor ``reachable``
+    for a batch system); [] for the host's network."""
     if cluster.engines != "mpi" or cluster.vcluster is not None or cluster._settings["reachable"]:
+        return []
+    if flavour_of(find_mpiexec()).on_hosts(cluster._settings["mpi_args"]):  # the user's own hosts
         return []
     from ..launch import private_net
     return private_net.prefix()
