@@ -7,7 +7,7 @@ MPICH's shared-memory segments (``/dev/shm/mpich_shm_*``, about 4 MB each, held 
 (``/tmp/hydra_hwloc_xmlfile_*``, one per killed job). On a login node these folders are shared with
 every other user, who can also plant a file of that name there. So a file is removed only when:
 
-- it is a regular file (not a link) owned by this user (a topology file a minute old at least), and
+- it is a regular file (not a link) owned by this user, and
 - no live process of this user maps it, holds it open or names it in its environment (a running
   job's).
 
@@ -18,14 +18,11 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-import time
 from pathlib import Path
 
-#: (folder, pattern, seconds it must be old) of each leftover kind; the folder ``None`` is the temporary
-#: folder. Hydra's proxy writes its topology file before its ranks exist to name it: a younger one may
-#: be a starting job's.
-KINDS = (("/dev/shm", "mpich_shm_*", 0), ("/dev/shm", "Intel_MPI_*", 0), ("/dev/shm", "sm_segment.*", 0),
-         (None, "hydra_hwloc_xmlfile_*", 60))
+#: (folder, pattern) of each leftover kind; the folder ``None`` is the temporary folder
+KINDS = (("/dev/shm", "mpich_shm_*"), ("/dev/shm", "Intel_MPI_*"), ("/dev/shm", "sm_segment.*"),
+         (None, "hydra_hwloc_xmlfile_*"))
 
 
 def mapped_shm(pids=None) -> set[str]:
@@ -62,13 +59,12 @@ def in_use(pids=None) -> set[str]:
     return paths
 
 
-def _ours(path: Path, uid: int, age: float) -> bool:
-    """A regular file of ``uid``'s, last changed at least ``age`` seconds ago."""
+def _ours(path: Path, uid: int) -> bool:
     try:
         st = path.lstat()
     except OSError:
         return False
-    return stat.S_ISREG(st.st_mode) and st.st_uid == uid and st.st_mtime <= time.time() - age
+    return stat.S_ISREG(st.st_mode) and st.st_uid == uid
 
 
 def remove_leftovers(folders: dict[str, str | os.PathLike] | None = None) -> list[str]:
@@ -76,10 +72,10 @@ def remove_leftovers(folders: dict[str, str | os.PathLike] | None = None) -> lis
     uses; return their names. ``folders`` maps a kind's folder to another (tests)."""
     uid = os.geteuid()
     candidates: list[Path] = []
-    for folder, pattern, age in KINDS:
+    for folder, pattern in KINDS:
         where = Path((folders or {}).get(folder or "tmp", folder or tempfile.gettempdir()))
         try:
-            candidates += [p for p in where.glob(pattern) if _ours(p, uid, age)]
+            candidates += [p for p in where.glob(pattern) if _ours(p, uid)]
         except OSError:
             continue
     if not candidates:
