@@ -188,10 +188,10 @@ class Cluster:
         self._ipp = self._ipp_cluster()
         guard_dir(self._ipp.cluster_id, self.files).mkdir(parents=True, exist_ok=True, mode=0o700)
         self._ipp.start_controller_sync()
-        if self.sockets is not None:
-            link_ipc_sockets(self.sockets, Path(self._ipp.profile_dir) / "security", self._ipp.cluster_id)
         self._record()
         try:
+            if self.sockets is not None:
+                link_ipc_sockets(self.sockets, Path(self._ipp.profile_dir) / "security", self._ipp.cluster_id)
             self._start_engines()
         except BaseException:
             self.stop()

@@ -67,12 +67,13 @@ def ipp_cluster(cluster, cluster_id: str):
         for trait, value in traits.items():
             config[cls][trait] = value
     location = {"controller_ip": cluster.listen_ip, "controller_location": cluster.advertised_ip}
-    transport = ["--IPController.enable_curve=True"] if s["curve"] else []
+    controller = []
     if cluster.sockets is not None:  # engines in a network of their own: Unix sockets in a 0700 folder
         location["controller_ip"] = str(Path(cluster.sockets) / "c")
-        transport.append("--IPController.transport=ipc")
+        controller.append("--IPController.transport=ipc")
     profile_dir = files / "ipython"
     profile_dir.mkdir(parents=True, exist_ok=True)
+    controller.append(f"--config={_controller_config(profile_dir, cluster_id, s['curve'])}")
     engines = slurm_launcher() if cluster.engines == "slurm" else cluster.engines
     # ipyparallel logs to the notebook's output in a kernel (the engines' whole log when they
     # are stopped): keep it here instead, shown only when something failed (log_tail())
@@ -83,7 +84,7 @@ def ipp_cluster(cluster, cluster_id: str):
     # the hub's (500 ms x 10 misses) would drop its engines first, as if they had died
     beats = ["--HeartMonitor.period=500"] + (["--HeartMonitor.max_heartmonitor_misses=60"] if vc is not None else [])
     return ipp.Cluster(engines=engines, n=cluster.n, config=config, log_level=logging.INFO, log=log,
-                       controller_args=beats + transport, profile_dir=str(profile_dir),
+                       controller_args=beats + controller, profile_dir=str(profile_dir),
                        shutdown_atexit=True, cluster_id=cluster_id, **location)
 
 
@@ -98,6 +99,20 @@ def _mpiexec_engines(config, cluster, guarded: list[str]) -> None:
     args = placement + cluster._settings["mpi_args"]
     config.MPIEngineSetLauncher.mpi_args = mpi.start_args(cluster.n, placed=mpi.placed(args)) + args
     config.MPIEngineSetLauncher.engine_cmd = guarded
+
+
+def _controller_config(profile_dir: Path, cluster_id: str, curve: bool) -> Path:
+    """The controller's config file in its profile (0600 in the 0700 state folder; never a command line):
+    CurveZMQ when ``curve``, and its HMAC key. ipyparallel 9 drops the signatures with CurveZMQ on unless
+    ``Session.key`` is configured with it, and every engine then warns "Message signing is disabled"."""
+    import secrets
+    from ...files import atomic_write
+    path = profile_dir / "security" / f"ipcontroller-{cluster_id}-config.py"  # removed with the cluster's keys
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    atomic_write(path, f"c.Session.key = {secrets.token_hex(16).encode()!r}\n"
+                       f"c.IPController.enable_curve = {curve!r}\n")
+    path.chmod(0o600)
+    return path
 
 
 def check_keys(files: Path) -> None:

@@ -123,6 +123,7 @@ def remove_files_of(cluster_id: str, cluster_file: str | None, base: Path | None
     base = base or state_dir()
     profile = base / "ipython"
     paths = [*(profile / "security").glob(f"ipcontroller-{cluster_id}-*.json"),
+             *(profile / "security").glob(f"ipcontroller-{cluster_id}-config.py"),
              *(profile / "log").glob(f"*{cluster_id}*"), *(profile / "pid").glob(f"*{cluster_id}*")]
     if cluster_file:
         paths.append(Path(cluster_file))
