@@ -214,7 +214,9 @@ def test_schedules_and_resume_with_each_library(library, tmp_path):
     assert {r["algorithm"] for r in rows} == {"ring", "native"} and all(r["median_s"] > 0 for r in rows)
 
     store = str(tmp_path / "s.sqlite")
-    base = ["train", "--algorithm", "sync-easgd", "--ranks", "4", "--epochs", "6", "--checkpoint-every", "40",
+    # the periodic family (streaming DiLoCo: fragments exchanged over the ring, overlapped) resumed bit for bit
+    base = ["train", "--algorithm", "streaming-diloco", "--ranks", "4", "--epochs", "6", "--sync-every", "8",
+            "--fragments", "2", "--sync-delay", "2", "--inner-optimizer", "adamw", "--checkpoint-every", "40",
             "--collective", "ring", "--dataset", "digits", "--store", store]
     whole = cli(library, *base, "--out", str(tmp_path / "whole"), tmp_path=tmp_path)
     broken = cli(library, *base, "--out", str(tmp_path / "broken"), "--fail-rank", "2", "--fail-step", "95",
