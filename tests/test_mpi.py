@@ -108,7 +108,7 @@ def test_ranks_whose_launcher_process_dies_are_ended_and_the_error_names_it():
         run_mpi(3, ["tests/mpi/failing_rank.py", "unforwarded", "1", marker], timeout=120)
     assert time.monotonic() - start < 60, info.value
     message = str(info.value).splitlines()[0]
-    assert re.match(r"the launcher's process on node \S+ \(pid \d+: hydra's proxy, or slurmstepd\) died while its "
+    assert re.match(r"the launcher's process on node \S+ \(pid \d+: hydra_pmi_proxy\) died while its "
                     r"ranks ran: rank 0, 1, 2 ended by their guards; MPI job on 3 ranks exited", message), message
     assert info.value.failed_ranks == [0, 1, 2]
     left = [p.info["pid"] for p in psutil.process_iter(["pid", "cmdline"]) if marker in (p.info["cmdline"] or [])]

@@ -300,7 +300,8 @@ def _orphaned(head: str, result: MPIResult, orphaned: list[dict], nranks: int) -
     where = f" on node {host}" if host else ""
     others = "" if len(ranks) == nranks else " (the other ranks were stopped after them)"
     return MPILaunchError(
-        f"the launcher's process{where} (pid {pid}: hydra's proxy, or slurmstepd) died while its ranks ran: "
+        f"the launcher's process{where} (pid {pid}: {first.get('launcher') or 'the node launcher'}) died while its "
+        "ranks ran: "
         f"rank {', '.join(map(str, ranks))} ended by their guards; {head}{others}\n{tail(result.output, 20)}",
         ranks, result.output)
 

@@ -274,6 +274,15 @@ def _wait(pid: int) -> int:
         return 0
 
 
+def _name_of(pid: int) -> str:
+    """The process name of ``pid`` (the node's launcher: ``hydra_pmi_proxy``, ``prted``, ``slurmstepd``)."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
 def _guard(status_dir: str, program: list[str], output_dir: str | None, front: int, launcher: int) -> None:
     """The rank's parent, in its own session: start the rank, record its start and how it ended, and
     end the same way (never returns)."""
@@ -291,7 +300,7 @@ def _guard(status_dir: str, program: list[str], output_dir: str | None, front: i
     _first_to_know()   # after the fork: the rank keeps the launcher's priority
     _pass_signals_to(pid)
     base = {"rank": int(rank) if rank.isdigit() else rank, "pid": pid, "guard_pid": guard, "front_pid": front,
-            "host": host}
+            "host": host, "launcher": _name_of(launcher)}
     if os.environ.get("SLURM_STEP_ID"):  # a task of srun: its job step, which the launcher can cancel
         base["slurm_step"] = f"{os.environ.get('SLURM_JOB_ID')}.{os.environ['SLURM_STEP_ID']}"
     _write(os.path.join(status_dir, f"rank{rank}.start"), base)
