@@ -212,8 +212,13 @@ def test_a_planted_registry_or_state_folder_is_refused_in_one_line(users):
     assert done.returncode == 1 and f"UnsafeFolder: {state} may be written by group and others" in done.stderr
     assert not any(state.iterdir())
 
+    # a state folder of yours that others may read (an older workbench made it 0755): made 0700
+    state.chmod(0o755)
+    done = as_user(owner.pw_uid, owner.pw_gid, [sys.executable, "-c", "from workbench.paths import state_dir; "
+                                                "state_dir()"], env)
+    assert done.returncode == 0 and state.stat().st_mode & 0o777 == 0o700, done.stderr
+
     # a connection file (a cluster's key) that others may read: refused, named, before anything starts
-    state.chmod(0o700)
     security = state / "ipython" / "security"
     security.mkdir(parents=True)
     key = security / "ipcontroller-old-client.json"

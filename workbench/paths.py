@@ -32,9 +32,14 @@ def from_env(variable: str, default: str, *, may_be_off: bool = True) -> Path | 
 def state_dir() -> Path:
     """Where clusters (notebook clusters, virtual clusters) are recorded, with their connection files,
     keys and logs: ``$WORKBENCH_STATE_DIR`` or ``~/.cache/workbench``, this user's alone (made 0700, or
-    :class:`UnsafeFolder` if another user owns it or may write it: :func:`own_folder`)."""
-    return own_folder(from_env("WORKBENCH_STATE_DIR", "", may_be_off=False),
+    :class:`UnsafeFolder` if another user owns it or may write it: :func:`own_folder`). One of this user's
+    that others may read or enter is made 0700, unless ``WORKBENCH_SHARED=1``."""
+    path = own_folder(from_env("WORKBENCH_STATE_DIR", "", may_be_off=False),
                       instead="set WORKBENCH_STATE_DIR to a folder of your own")
+    shared = os.environ.get("WORKBENCH_SHARED", "").strip().lower() in ("1", "true", "yes")
+    if not shared and path.stat().st_mode & 0o077:  # one an older workbench made 0755: its logs were readable
+        path.chmod(0o700)
+    return path
 
 
 class UnsafeFolder(RuntimeError):
