@@ -18,8 +18,10 @@ plotly.js's size (5 MB) instead of 20 MB.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -144,6 +146,7 @@ def _megabytes(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     import nbformat
+    from jupyter_client import KernelManager
     from nbclient import NotebookClient
 
     from .runtime.rundir import runs_root
@@ -182,8 +185,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no virtual cluster ({why}); training on this host", flush=True)
     print(f"executing {args.notebook} ...", flush=True)
     try:
-        NotebookClient(notebook, timeout=900, kernel_name="python3",
-                       resources={"metadata": {"path": str(Path.cwd())}}).execute()
+        with tempfile.TemporaryDirectory(prefix="wb-kernel-") as sockets:  # 0700: no other user reaches the kernel
+            kernel = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "k"))
+            try:
+                NotebookClient(notebook, km=kernel, timeout=900,
+                               resources={"metadata": {"path": str(Path.cwd())}}).execute()
+            finally:
+                if kernel.has_kernel:
+                    kernel.shutdown_kernel()
     finally:
         if vc is not None:
             vc.down()
