@@ -224,12 +224,20 @@ def test_a_planted_registry_or_state_folder_is_refused_in_one_line(users):
     key = security / "ipcontroller-old-client.json"
     key.write_text("{}")
     key.chmod(0o644)
-    for path in (state / "ipython", security, key):
+    cluster_file = security / "cluster-old.json"  # ipyparallel's cluster file holds no key: 0644 is fine
+    cluster_file.write_text("{}")
+    cluster_file.chmod(0o644)
+    for path in (state / "ipython", security, key, cluster_file):
         os.chown(path, owner.pw_uid, owner.pw_gid)
     done = as_user(owner.pw_uid, owner.pw_gid, [sys.executable, "-c", "import workbench as wb; wb.Cluster(n=2).start()"],
                    env)
     assert done.returncode == 1, done.stderr
     assert f"UnsafeFolder: {key} holds a secret and may be read or written by others (mode 644); chmod 600" in done.stderr
+    key.chmod(0o600)  # the key file mended: the cluster file alone stops nothing
+    done = as_user(owner.pw_uid, owner.pw_gid, [sys.executable, "-c", "from pathlib import Path; from workbench."
+                                                "runtime.client.ipp_setup import check_keys; check_keys(Path("
+                                                f"{str(state)!r}))"], env)
+    assert done.returncode == 0, done.stderr
 
 
 #: the owner's notebook: a cluster and a run; it says where its sockets are, waits for the attack, and

@@ -320,6 +320,8 @@ def _blame(exc, nranks: int) -> ExecuteError:
     body = lines[tb[-1]:] if tb else lines
     errors = [line for line in body[1:] if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt|Exit)\b", line)]
     why = errors[-1] if errors else text.splitlines()[0]
+    if errors:  # the traceback's tail ends at its exception: MPI's own words after it (an abort racing the
+        body = body[:len(body) - body[::-1].index(why)]  # finalize, a broken PMI pipe) do not push it out
     return ExecuteError(f"burst plan on {nranks} ranks failed: {'a rank' if rank is None else f'rank {rank}'}: "
                         f"{why}\n" + "\n".join(body[-12:]), rank, exc.output)
 

@@ -118,7 +118,7 @@ def _controller_config(profile_dir: Path, cluster_id: str, curve: bool) -> Path:
 def check_keys(files: Path) -> None:
     """The connection files already in ``files`` (other clusters' keys) are readable by this user alone
     (:func:`~workbench.paths.private_file`): one line naming a file that is not, before anything starts."""
-    for path in (files / "ipython" / "security").glob("*.json"):
+    for path in (files / "ipython" / "security").glob("ipcontroller-*.json"):  # cluster-*.json hold no key
         private_file(path)
 
 
