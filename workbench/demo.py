@@ -144,10 +144,22 @@ def _megabytes(path: Path) -> str:
     return f"{path.stat().st_size / 1e6:.1f} MB"
 
 
-def main(argv: list[str] | None = None) -> int:
-    import nbformat
+def _execute(notebook) -> None:
+    """Run every cell of ``notebook`` in a kernel whose sockets are Unix sockets in a 0700 folder (no other
+    user of the machine reaches it), then shut the kernel down."""
     from jupyter_client import KernelManager
     from nbclient import NotebookClient
+    with tempfile.TemporaryDirectory(prefix="wb-kernel-") as sockets:
+        kernel = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "k"))
+        try:
+            NotebookClient(notebook, km=kernel, timeout=900, resources={"metadata": {"path": str(Path.cwd())}}).execute()
+        finally:
+            if kernel.has_kernel:
+                kernel.shutdown_kernel()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import nbformat
 
     from .runtime.rundir import runs_root
     from .store import Store
@@ -185,14 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no virtual cluster ({why}); training on this host", flush=True)
     print(f"executing {args.notebook} ...", flush=True)
     try:
-        with tempfile.TemporaryDirectory(prefix="wb-kernel-") as sockets:  # 0700: no other user reaches the kernel
-            kernel = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "k"))
-            try:
-                NotebookClient(notebook, km=kernel, timeout=900,
-                               resources={"metadata": {"path": str(Path.cwd())}}).execute()
-            finally:
-                if kernel.has_kernel:
-                    kernel.shutdown_kernel()
+        _execute(notebook)
     finally:
         if vc is not None:
             vc.down()
