@@ -21,6 +21,7 @@ from functools import cache
 from typing import Any, NamedTuple
 
 from .checks import integer
+from .paths import shared_files  # noqa: F401 - re-exported: where results' modes are decided
 from .comm.hookspec import check_hook
 from .comm.names import algorithm_names as collective_names
 from .comm.options import PRESETS, WIRE_DTYPES, Communication, CommunicationError, resolve
@@ -410,16 +411,6 @@ def ignored_options(algorithm: str, values: dict[str, Any]) -> list[tuple[str, s
         found.append((name, f"{name}: " + why.format(algorithm=algorithm, value=value, users=users, what=what,
                                                      name=name)))
     return found
-
-
-def shared_files() -> bool:
-    """Whether results are meant for other users too: ``WORKBENCH_SHARED=1`` (or true/yes).
-
-    By default the results store is created ``0600`` (its ``-wal``/``-shm`` files follow it)
-    and run directories ``0700``, so other users of a shared login node cannot read runs; with
-    ``WORKBENCH_SHARED=1`` both are created with the usual umask-derived modes."""
-    import os
-    return os.environ.get("WORKBENCH_SHARED", "").strip().lower() in ("1", "true", "yes")
 
 
 def without_ignored(values: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

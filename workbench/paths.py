@@ -36,10 +36,18 @@ def state_dir() -> Path:
     that others may read or enter is made 0700, unless ``WORKBENCH_SHARED=1``."""
     path = own_folder(from_env("WORKBENCH_STATE_DIR", "", may_be_off=False),
                       instead="set WORKBENCH_STATE_DIR to a folder of your own")
-    shared = os.environ.get("WORKBENCH_SHARED", "").strip().lower() in ("1", "true", "yes")
-    if not shared and path.stat().st_mode & 0o077:  # one an older workbench made 0755: its logs were readable
+    if not shared_files() and path.stat().st_mode & 0o077:  # one an older workbench made 0755: its logs were readable
         path.chmod(0o700)
     return path
+
+
+def shared_files() -> bool:
+    """Whether results are meant for other users too: ``WORKBENCH_SHARED=1`` (or true/yes).
+
+    By default the results store is created ``0600`` (its ``-wal``/``-shm`` files follow it), run
+    directories and the state folder ``0700``, so other users of a shared login node cannot read runs;
+    with ``WORKBENCH_SHARED=1`` run directories and the store get the usual umask-derived modes."""
+    return os.environ.get("WORKBENCH_SHARED", "").strip().lower() in ("1", "true", "yes")
 
 
 class UnsafeFolder(RuntimeError):

@@ -26,7 +26,7 @@ Why this shape:
   :meth:`Store.fail`: a resumed run is a new run whose ``resumed_from`` names the old one.
   (:meth:`Store.add` still replaces a whole run on purpose: importing a run directory again.)
 - A new store file is created ``0600`` (SQLite gives its ``-wal``/``-shm`` files the same mode)
-  unless ``WORKBENCH_SHARED=1`` (:func:`workbench.config.shared_files`).
+  unless ``WORKBENCH_SHARED=1`` (:func:`workbench.paths.shared_files`).
 """
 from __future__ import annotations
 
