@@ -4,7 +4,7 @@ Two measurements:
 
 - per span: ``with telemetry.span(...)`` around an empty body in a tight loop, against the same
   loop with telemetry off (``Context.span`` then returns a ``nullcontext``), with no observer, with a
-  do-nothing observer, and with the live stream's ``LiveSink`` pushing batches every 50 ms to a
+  do-nothing observer, and with the live stream's ``StreamChannel`` (``LiveSink`` until issue 43) pushing batches every 50 ms to a
   ZeroMQ socket in this process (what a rank in a notebook run pays);
 - per step: a ``sync-sgd`` training step of the digits MLP on ``MPI.COMM_SELF`` (forward/backward,
   the all-reduce, the update; 1 metric record) with telemetry on and off, switched on the same
@@ -47,10 +47,10 @@ def _loop_ns(make_span, n: int) -> tuple[float, float]:
 
 
 def _live_sink():
-    """A LiveSink pushing to a PULL socket in this process, drained by a thread; returns (sink, stop)."""
+    """A StreamChannel (the notebook's live channel) pushing to a PULL socket in this process, drained by a thread; returns (sink, stop)."""
     import zmq
 
-    from workbench.runtime.rank.sink import LiveSink
+    from workbench.runtime.rank.sink import StreamChannel
     from workbench.runtime.stream import new_secret
 
     context = zmq.Context.instance()
@@ -70,7 +70,7 @@ def _live_sink():
 
     thread = threading.Thread(target=drain, daemon=True)
     thread.start()
-    sink = LiveSink(f"tcp://127.0.0.1:{port}", 0, "bench", new_secret())
+    sink = StreamChannel(f"tcp://127.0.0.1:{port}", 0, "bench", new_secret())
 
     def stop():
         sink.close()

@@ -204,20 +204,20 @@ def test_import_workbench_is_fast():
     assert proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
 
-def test_live_sink_loses_no_record_when_threads_record_at_once(monkeypatch):
+def test_the_live_channel_loses_no_record_when_threads_record_at_once(monkeypatch):
     # hogwild masters record from one thread per worker while another thread flushes. The
     # append/swap race this guards against is narrow: this stress test did not catch it on the
     # old code in 6 tries (CPython switches threads rarely); it checks that nothing is lost.
     import threading
 
-    monkeypatch.setattr("workbench.runtime.rank.sink.FLUSH_SECONDS", 0.0)  # every record flushes: many swaps
+    from workbench.runtime.rank.sink import StreamChannel
+    monkeypatch.setattr(StreamChannel, "flush_seconds", 0.0)  # every record flushes: many swaps
 
-    from workbench.runtime.rank.sink import LiveSink
     from workbench.runtime.stream import new_secret, verify
     secret, context = new_secret(), zmq.Context.instance()
     pull = context.socket(zmq.PULL)
     port = pull.bind_to_random_port("tcp://127.0.0.1")
-    sink = LiveSink(f"tcp://127.0.0.1:{port}", 0, "run-x", secret)
+    sink = StreamChannel(f"tcp://127.0.0.1:{port}", 0, "run-x", secret)
     threads, per_thread = 4, 3000
 
     def record(t):

@@ -35,11 +35,12 @@ class BatchRun(RunHandle):
         except Exception:  # noqa: BLE001 - a data set only the nodes read: no total known here
             total = None
         super().__init__(run_id, cfg.to_dict(), Path(run_dir).resolve(), store, total)
-        self.cfg, self.resumed_from, self.progress, self.launch = cfg, resumed_from, progress, launch
+        self.cfg, self.resumed_from, self.show_progress, self.launch = cfg, resumed_from, progress, launch
 
-    def _on_records(self, follower, records: list[dict]) -> None:
-        """A consumer of :func:`~workbench.runtime.live.following`: the new records kept and stored."""
-        self._add(records)
+    def _on_messages(self, messages: list[dict]) -> None:
+        """A consumer of :func:`~workbench.runtime.live.following`: the new messages received, their
+        records stored."""
+        self.receive(messages)
         self._store_records()
 
     def run(self) -> RunResult:
@@ -55,12 +56,12 @@ class BatchRun(RunHandle):
         from ..launch.batch import train
         from ..live import ProgressBar
         started = time.time()
-        bar = ProgressBar(f"{self.run_id} ({self.cfg.algorithm})") if self.progress else None
+        bar = ProgressBar(f"{self.run_id} ({self.cfg.algorithm})") if self.show_progress else None
         try:
             with deferred_signals():
                 self._record_start(resumed_from=self.resumed_from)
             try:
-                train(self.cfg, self.run_dir, watch=[self._on_records, *([bar] if bar else [])], **self.launch)
+                train(self.cfg, self.run_dir, watch=[self._on_messages, *([bar] if bar else [])], **self.launch)
             finally:
                 if bar is not None:
                     bar.close()
@@ -75,6 +76,9 @@ class BatchRun(RunHandle):
             raise
         except BaseException as exc:
             with signals_ignored():
+                # the launcher's blame names the rank (the first to end), not the first to report an error
+                ranks = getattr(exc, "failed_ranks", None)
+                self.failed_rank = ranks[0] if ranks else None
                 self._failed(str(exc))
             raise
 

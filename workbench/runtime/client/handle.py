@@ -5,8 +5,10 @@ and :class:`~.watch.WatchedRun` (a run something else launched, followed through
 spans as they come (``history``, ``trace``), observers told of both (the dashboard, a progress bar), the
 store's row kept with it (``running`` before the ranks start, the records as they come, the end once),
 ``wait()`` that returns the :class:`~workbench.results.RunResult` or raises :class:`RunError` naming the
-rank. What differs is where the records come from (a signed ZeroMQ stream, the ranks' live files, the
-store) and what starts the ranks (a :class:`~workbench.runtime.launch.launcher.Launcher`).
+rank. The ranks' live channel (:mod:`workbench.runtime.live`) is read in one place, :meth:`RunHandle.receive`,
+whichever transport brought its messages (the ranks' live files, or a signed ZeroMQ stream to the
+notebook); what differs between the three is that transport (the store's rows, for a watched run) and what
+starts the ranks (a :class:`~workbench.runtime.launch.launcher.Launcher`).
 
 No MPI, no torch.
 """
@@ -18,6 +20,7 @@ from pathlib import Path
 
 from ...config import RunConfig
 from ...results import LiveSource, RunObserver, RunResult, history_frame
+from ..live import Progress, records_in
 from .run_state import RunState
 
 
@@ -64,6 +67,7 @@ class RunHandle(LiveSource):
         self._records: list[dict] = []
         self._spans: list[dict] = []
         self._stored = 0  # records already in the store
+        self.progress = Progress()  # each rank's planned and recorded steps, from the live channel
         self._observers: list[RunObserver] = []
         self._lock = threading.Lock()
         self._done = threading.Event()
@@ -99,6 +103,17 @@ class RunHandle(LiveSource):
         """Chrome-trace spans so far (a snapshot)."""
         with self._lock:
             return list(self._spans)
+
+    def receive(self, messages: list[dict]) -> None:
+        """The ranks' live-channel messages (:mod:`workbench.runtime.live`), whatever brought them: their
+        records and spans kept and the observers told, the progress noted, and the first rank that
+        reported an error (its traceback) taken as the run's failing rank until a launcher's blame says
+        otherwise."""
+        self.progress.note(messages)
+        for message in messages:
+            if "error" in message and self.failed_rank is None:
+                self.failed_rank, self.error = message["rank"], message["error"]
+        self._add(*records_in(messages))
 
     def _add(self, records=(), spans=()) -> None:
         """New metric records and spans: kept, and the observers told."""

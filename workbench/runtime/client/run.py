@@ -1,8 +1,8 @@
 """A training run going on in a cluster's engines, seen from the notebook.
 
-``cluster.train(cfg)`` returns a :class:`Run` at once. A receiver thread collects the ranks' live
-stream (:mod:`workbench.runtime.rank.sink`) into ``run.history`` / ``run.trace``, tells observers
-(the dashboard) and appends the metrics to the results store as they come, so an interrupted run
+``cluster.train(cfg)`` returns a :class:`Run` at once. A receiver thread takes the ranks' live
+channel (:mod:`workbench.runtime.live`; here a signed ZeroMQ stream, :mod:`workbench.runtime.rank.sink`)
+into ``run.history`` / ``run.trace``, tells observers (the dashboard) and appends the metrics to the results store as they come, so an interrupted run
 keeps its history. When the engines finish, the run's files (written by rank 0) become the
 :class:`~workbench.results.RunResult` that ``run.wait()`` returns and the store keeps.
 
@@ -85,7 +85,7 @@ class Run(RunHandle):
         self.address = address  # the live stream (signed messages only)
         self.launcher = Engines(cluster, self.config, str(self.run_dir), address, self.run_id, self._secret)
         self.launcher.start()
-        self._thread = threading.Thread(target=self._receive, name=f"run-{self.run_id}", daemon=True)
+        self._thread = threading.Thread(target=self._follow, name=f"run-{self.run_id}", daemon=True)
         self._thread.start()
 
     # -- what the notebook sees ------------------------------------------------------------
@@ -123,7 +123,8 @@ class Run(RunHandle):
             self.cluster.restart_engines()
 
     # -- receiver thread -------------------------------------------------------------------
-    def _receive(self) -> None:
+    def _follow(self) -> None:
+        """The receiver thread: the stream drained, the store kept, the engines' health watched."""
         poller = zmq.Poller()
         poller.register(self._socket, zmq.POLLIN)
         deadline = time.monotonic() + self._timeout
@@ -193,7 +194,8 @@ class Run(RunHandle):
                 self._done.set()
 
     def _drain(self) -> None:
-        records, spans = [], []
+        """The stream's messages so far, each checked and then received (:meth:`~.handle.RunHandle.receive`)."""
+        messages = []
         while True:
             try:
                 frames = self._socket.recv_multipart(zmq.NOBLOCK)
@@ -203,13 +205,9 @@ class Run(RunHandle):
             if message is None:  # not from this run's ranks: dropped unread
                 self.rejected_messages += 1
                 continue
-            received = time.time()
-            self.latencies.append(received - message["sent"])
-            records.extend(message.get("metrics", ()))
-            spans.extend(message.get("spans", ()))
-            if "error" in message and self.failed_rank is None:
-                self.failed_rank, self.error = message["rank"], message["error"]
-        self._add(records, spans)
+            self.latencies.append(time.time() - message["sent"])
+            messages.append(message)
+        self.receive(messages)
 
     def _hard_stop(self, status: str, error: str | None) -> None:
         """Stop the run as ``status`` (unless it was stopped already) and kill its engines."""

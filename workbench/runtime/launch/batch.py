@@ -35,9 +35,9 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
     anywhere outside ``/tmp`` and ``/dev/shm``). The job's own files (each rank's output, how each
     rank ended) go into ``<run_dir>/job`` on every launcher, so ranks on other nodes can write them.
 
-    ``watch``: consumers of the ranks' live metric records (:func:`workbench.runtime.live.following`:
-    each called with the follower and the new records about every second while the job runs, and
-    once after it ends); the CLI's copy into the results store and its progress bar.
+    ``watch``: consumers of the ranks' live channel (:func:`workbench.runtime.live.following`: each
+    called with the new messages about every second while the job runs, and once after it ends); the
+    CLI's run handle (its store row) and its progress bar.
 
     ``resume``: a run directory with a checkpoint; the run continues from its newest complete
     checkpoint (bit for bit for the synchronous algorithms; each rank from its own newest state

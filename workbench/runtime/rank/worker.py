@@ -12,6 +12,7 @@ import json
 import os
 import resource
 import time
+import traceback
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -26,38 +27,43 @@ from ...config import RunConfig
 from ...summary import Summary, build_summary, rank_report
 from ...telemetry import chrome_trace, recording
 from ..launch.blame import NOT_ONE_JOB
-from ..live import LIVE_FOLDER, LiveWriter
+from ..live import LIVE_FOLDER, LiveChannel, LiveFile
 from .context import Context
 
 
 def run_rank(cfg: RunConfig, comm: MPI.Comm, run_dir: Path | None, resume: Path | None = None,
-             observers=(), live: Path | None = None) -> Summary | None:
+             observers=(), live: LiveChannel | None = None) -> Summary | None:
     """Train on this rank; returns the summary on rank 0 (None elsewhere).
 
-    ``observers``: :class:`~workbench.telemetry.Observer` objects that see every span
-    and metric record as it happens (the notebook's live stream). ``live``: a folder for this
-    rank's live file of metric records (:mod:`workbench.runtime.live`; the batch launcher's).
+    ``live``: the run's live channel (:mod:`workbench.runtime.live`: the ranks' live files for a batch
+    run, the signed stream for a notebook's): it gets the rank's plan, every span and metric record as it
+    happens, the traceback the moment the rank raises, and how it ended. ``observers``: more
+    :class:`~workbench.telemetry.Observer` objects that see every span and metric record.
     """
     torch.set_num_threads(1)
     start = time.perf_counter()
-    # the registry names each rank's class; importing it (the algorithms and the communication
-    # stack: tens of ms) is set-up, before the common start
-    implementation = cfg.spec.implementation_class(comm.Get_rank())
-    ctx = Context(cfg, comm, run_dir, observers)  # ends with a barrier: ctx.t0 is the common start
-    setup = ctx.t0 - start
-    writer = LiveWriter(live, ctx.rank, ctx.steps) if live is not None else None
-    if writer is not None:
-        ctx.observers.append(writer)
     try:
+        # the registry names each rank's class; importing it (the algorithms and the communication
+        # stack: tens of ms) is set-up, before the common start
+        implementation = cfg.spec.implementation_class(comm.Get_rank())
+        ctx = Context(cfg, comm, run_dir, [*observers, *([live] if live is not None else [])])
+        setup = ctx.t0 - start  # Context ends with a barrier: ctx.t0 is the common start
+        if live is not None:
+            live.plan(ctx.steps)
         algorithm = implementation(ctx)
         recorder = recording(ctx.telemetry) if ctx.telemetry else nullcontext()
         with recorder:
             final = algorithm.run(**({"resume_dir": resume} if resume else {}))
         wall = ctx.now()  # training only: imports, data loading and model set-up are `setup`
-        return _finish(ctx, final, wall, setup, run_dir)
-    finally:  # a rank that raises writes its records before -m mpi4py aborts the job
-        if writer is not None:
-            writer.close()
+        summary = _finish(ctx, final, wall, setup, run_dir)
+    except BaseException as exc:  # the rank's records and traceback go out before -m mpi4py aborts the job
+        if live is not None:
+            live.error(f"rank {comm.Get_rank()} failed: {exc!r}\n" + traceback.format_exc())
+            live.close("failed")
+        raise
+    if live is not None:
+        live.close("finished")
+    return summary
 
 
 def _finish(ctx: Context, final: torch.Tensor, wall: float, setup: float,
@@ -97,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     if size != cfg.ranks:  # e.g. srun without a PMI this MPI uses: every task is rank 0 of 1
         raise SystemExit(f"{NOT_ONE_JOB}: this rank is rank {MPI.COMM_WORLD.Get_rank()} of {size}, "
                          f"the run has {cfg.ranks} ranks")
-    summary = run_rank(cfg, MPI.COMM_WORLD, args.run_dir, args.resume, live=args.run_dir / LIVE_FOLDER)
+    live = LiveFile(args.run_dir / LIVE_FOLDER, MPI.COMM_WORLD.Get_rank())
+    summary = run_rank(cfg, MPI.COMM_WORLD, args.run_dir, args.resume, live=live)
     if summary is not None:
         print(json.dumps({k: summary[k] for k in ("algorithm", "final_test_accuracy", "wall_seconds",
                                                    "comm_fraction")}), flush=True)
