@@ -1,5 +1,10 @@
 """Master-based algorithms: rank 0 holds the center (EASGD family) or the weights (SGD family)
-and serves; ranks 1..N-1 train on their own shards.
+and serves; ranks 1..N-1 train on their own shards. Every rank, the master too, is on the one loop
+(:class:`~workbench.optim.trainer.Trainer`, ``lockstep = False``): it owns resume, checkpoints,
+evaluation points, and the workers' cancel and last message. The workers step; the master's loop body
+is its serving (:meth:`Master.loop`), counted in arrivals: its checkpoint after arrival n
+(``checkpoint/async/rank0.pt``: the count, the weights, the velocity), its evaluation points and its
+learning-rate schedule follow the arrivals.
 
 How the master serves (the registry, :mod:`workbench.optim.registry`, names the class each
 algorithm runs):
@@ -25,7 +30,6 @@ import threading
 import torch
 from mpi4py import MPI
 
-from ..runtime.rank import checkpoint
 from ..runtime.rank.context import Context
 from ..summary import planned_steps
 from ..lr_schedules import scheduled_lr
@@ -141,48 +145,62 @@ class GradientWorker(Trainer):
 
 # -- the master -----------------------------------------------------------------------------
 
-class Master:
-    """Rank 0: holds ``state`` (center or weights) and applies arrivals, one at a time in
-    arrival order. Subclasses change only the order of serving (:attr:`round_robin`, :meth:`serve`)."""
+class Master(Trainer):
+    """Rank 0: holds ``weights`` (the center, or the weights) and applies arrivals, one at a time in
+    arrival order. It is on the one loop (:class:`~workbench.optim.trainer.Trainer`: resume,
+    checkpoints, evaluation points), counting arrivals (:attr:`unit`); its loop body serves
+    (:meth:`loop`). Subclasses change only the order of serving (:attr:`round_robin`, :meth:`serve`)."""
 
+    lockstep = False
+    unit = "arrivals"
     #: serve the workers strictly in rank order (the original EASGD) instead of arrival order
     round_robin = False
 
     def __init__(self, ctx: Context) -> None:
-        self.ctx = ctx
-        self.state = ctx.flat.data.clone()
-        self.velocity = torch.zeros_like(self.state)
+        super().__init__(ctx)
+        self.weights = ctx.flat.data.clone()
+        self.velocity = torch.zeros_like(self.weights)
         self.elastic = ctx.cfg.spec.elastic
         self.arrivals = itertools.count(1)  # next() is atomic under the GIL
         self.total_arrivals = self._expected_arrivals()
-        self._eval_lock = threading.Lock()  # evaluation only; updates never take a lock
-        self._checkpoint_lock = threading.Lock()  # one file writer at a time (hogwild threads)
+        self.eval_lock = threading.Lock()  # evaluation only; updates never take a lock
+        self.checkpoint_lock = threading.Lock()  # one file writer at a time (hogwild threads)
 
     def _expected_arrivals(self) -> int:
         cfg = self.ctx.cfg
         steps = planned_steps(self.ctx.data.train_samples, cfg.workers, cfg.batch_size, cfg.epochs)
         return sum(-(-s // cfg.tau) for s in steps)  # exchanges per worker: ceil(steps / tau)
 
+    def final_weights(self) -> torch.Tensor:
+        return self.weights
+
+    def state(self, n: int) -> dict:
+        """What a checkpoint keeps after arrival ``n``: the count, the weights (under ``"state"``, as in
+        every master's checkpoint so far) and the velocity."""
+        return {"arrivals": n, "state": self.weights.clone(), "velocity": self.velocity.clone()}
+
+    def restore(self, state: dict) -> None:
+        """Take back :meth:`state`; the arrivals go on from its count."""
+        self.weights.copy_(state["state"])
+        self.velocity.copy_(state["velocity"])
+        self.arrivals = itertools.count(state["arrivals"] + 1)
+
+    def eval_fields(self, n: int) -> dict:
+        return {}  # an arrival has no epoch; serve_one adds the arrival's learning rate
+
     def apply(self, payload: torch.Tensor, reply: torch.Tensor, lr: float) -> None:
-        """Apply one arrival to ``state`` in place at learning rate ``lr``, and fill ``reply`` for the
+        """Apply one arrival to ``weights`` in place at learning rate ``lr``, and fill ``reply`` for the
         worker. ``payload`` (this serving thread's receive buffer) is the update's scratch after."""
         cfg = self.ctx.cfg
         if self.elastic:  # the worker gets the center as it was before its own contribution
-            reply.copy_(self.state)
-            rules.elastic_center_(self.state, payload, lr, cfg.hyper.rho, payload)
+            reply.copy_(self.weights)
+            rules.elastic_center_(self.weights, payload, lr, cfg.hyper.rho, payload)
         else:
             if cfg.hyper.momentum:
-                rules.momentum_sgd_(self.state, self.velocity, payload, lr, cfg.hyper.momentum, payload)
+                rules.momentum_sgd_(self.weights, self.velocity, payload, lr, cfg.hyper.momentum, payload)
             else:
-                rules.sgd_(self.state, payload, lr, payload)
-            reply.copy_(self.state)
-
-    def _checkpoint(self, n: int) -> None:
-        ctx = self.ctx
-        if ctx.cfg.checkpoint_every and n % ctx.cfg.checkpoint_every == 0 and ctx.out_dir is not None:
-            with self._checkpoint_lock, ctx.span("checkpoint", "io", arrivals=n):
-                checkpoint.save_own(ctx.out_dir, 0, ctx.size, {"arrivals": n, "state": self.state.clone(),
-                                                               "velocity": self.velocity.clone()})
+                rules.sgd_(self.weights, payload, lr, payload)
+            reply.copy_(self.weights)
 
     def serve_one(self, source: int, payload: torch.Tensor, reply: torch.Tensor) -> None:
         ctx, cfg = self.ctx, self.ctx.cfg
@@ -194,25 +212,17 @@ class Master:
             self.apply(payload, reply, lr)
         with ctx.span("reply", "comm", dest=source):
             ctx.communicator.send(reply, source, TAG_REPLY)
-        self._checkpoint(n)
-        if ctx.is_eval_point(n, self.total_arrivals):
-            with self._eval_lock:
-                ctx.evaluate(self.state, arrivals=n, lr=lr)
+        self.save_checkpoint(n)  # the loop's checkpoint and evaluation points, by arrivals
+        self.evaluation_point(n, self.total_arrivals, lr=lr)
 
-    def run(self, resume_dir=None) -> torch.Tensor:
-        if resume_dir is not None:
-            state = checkpoint.load_own(resume_dir, 0, self.ctx.size)
-            if state is not None:
-                self.state.copy_(state["state"])
-                self.velocity.copy_(state["velocity"])
-                self.arrivals = itertools.count(state["arrivals"] + 1)
+    def loop(self) -> None:
+        """The master's loop body: it serves (:meth:`serve`) until every worker is done."""
         self.serve()
-        return self.state
 
     def serve(self) -> None:
         """Serve every worker until each has said it is done: one loop, one arrival at a time."""
         ctx, round_robin = self.ctx, self.round_robin
-        payload, reply = torch.empty_like(self.state), torch.empty_like(self.state)
+        payload, reply = torch.empty_like(self.weights), torch.empty_like(self.weights)
         active = list(range(1, ctx.size))  # workers that have not said they are done
         status = MPI.Status()
         turn = 0  # round robin: index into active of the worker whose turn it is
@@ -237,14 +247,14 @@ class RoundRobinMaster(Master):
 
 
 class HogwildMaster(Master):
-    """One thread per worker, all updating ``state`` with no lock (the races are real)."""
+    """One thread per worker, all updating ``weights`` with no lock (the races are real)."""
 
     def serve(self) -> None:
         ctx = self.ctx
         errors = []
 
         def serve_worker(worker: int) -> None:
-            payload, reply = torch.empty_like(self.state), torch.empty_like(self.state)
+            payload, reply = torch.empty_like(self.weights), torch.empty_like(self.weights)
             status = MPI.Status()
             try:
                 while True:
