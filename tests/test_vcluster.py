@@ -100,7 +100,8 @@ def test_a_cluster_that_is_up_is_refused_and_its_names_carry_its_name(vc4):
     with pytest.raises(tools.VirtualClusterError, match="already up"):
         VirtualCluster(vc4.name, nodes=2).up()
     held = _ours(vc4.name)
-    assert len(held["netns"]) == 4 and f"wbv{vc4.name}-br" in held["links"] and held["folder"]
+    assert len(held["netns"]) == 5 and f"wbv-{vc4.name}-launch" in held["netns"]  # the nodes' and the launcher's
+    assert {f"wbv{vc4.name}-br", f"wbv{vc4.name}-L"} <= set(held["links"]) and held["folder"]
 
 
 def test_down_removes_everything_and_a_dead_owners_cluster_goes_with_the_next_up(tmp_path):
@@ -113,7 +114,7 @@ vc.up()
 os._exit(0)  # a kernel that dies: the cluster stays, its owner is gone
 """
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
-    assert len(_ours(name)["netns"]) == 3
+    assert len(_ours(name)["netns"]) == 4  # 3 nodes and the launcher network
     listed = subprocess.run([sys.executable, "-m", "workbench.cli", "vcluster", "list"], capture_output=True, text=True,
                             timeout=60).stdout
     line = next(line for line in listed.splitlines() if line.startswith(name))
@@ -125,7 +126,7 @@ os._exit(0)  # a kernel that dies: the cluster stays, its owner is gone
     fresh = start(VirtualCluster(other, nodes=2, shared=tmp_path / "other"))
     try:
         assert _ours(name) == {"netns": [], "links": [], "mounts": [], "folder": False}  # stale: removed
-        assert len(_ours(other)["netns"]) == 2
+        assert len(_ours(other)["netns"]) == 3  # 2 nodes and the launcher network
     finally:
         fresh.down()
     assert _ours(other) == {"netns": [], "links": [], "mounts": [], "folder": False}
@@ -144,6 +145,55 @@ def test_mpi_across_the_nodes_crosses_the_shaped_links(vc4):
     for i in range(4):  # what node i sent crossed its own port, then the receiver's
         assert after[(i, "eth0")] - before[(i, "eth0")] >= ring, (i, after, before)
         assert after[(None, vc4.plan.host_end(i))] - before[(None, vc4.plan.host_end(i))] >= ring
+
+
+def _listening(net_tcp: list[str]) -> set[int]:
+    """The inodes of the listening TCP sockets in ``/proc/.../net/tcp`` and ``tcp6`` files."""
+    found = set()
+    for path in net_tcp:
+        for line in Path(path).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A":  # LISTEN
+                found.add(int(fields[9]))
+    return found
+
+
+def _sockets_of(pid: int) -> set[int]:
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        target = os.readlink(f"/proc/{pid}/fd/{fd}") if os.path.exists(f"/proc/{pid}/fd/{fd}") else ""
+        if target.startswith("socket:["):
+            found.add(int(target[8:-1]))
+    return found
+
+
+def test_the_heads_mpiexec_listens_on_the_cluster_network_alone(vc4, tmp_path):
+    """hydra listens for its proxies on every address it has, without authentication (issue 45): the head's
+    mpiexec runs in the cluster's launcher network, whose one cable goes to the bridge, so its port is on
+    none of the host's own addresses."""
+    import psutil
+    from workbench.runtime.launch.launcher import batch_launcher
+    options = vc4.run_options(2, job_dir=Path(vc4.shared) / "jobs")
+    assert options["network"], "the cluster has a launcher network"
+    backend = batch_launcher("mpiexec", 2, ["-c", "import time; time.sleep(6)"], cwd=ROOT, **options)
+    backend.start()
+    try:
+        deadline, hydra = time.monotonic() + 30, None
+        while hydra is None and time.monotonic() < deadline:
+            hydra = next((p for p in psutil.Process().children(recursive=True)
+                          if p.name().startswith(("mpiexec", "prterun"))), None)
+            time.sleep(0.2)
+        assert hydra is not None, "no mpiexec started"
+        time.sleep(1.5)  # its proxies connected: it listens by now
+        launcher_net = os.stat(f"/var/run/netns/wbv-{vc4.name}-launch").st_ino
+        assert os.stat(f"/proc/{hydra.pid}/ns/net").st_ino == launcher_net
+        mine = _sockets_of(hydra.pid)
+        inside = _listening([f"/proc/{hydra.pid}/net/tcp", f"/proc/{hydra.pid}/net/tcp6"]) & mine
+        on_host = _listening(["/proc/self/net/tcp", "/proc/self/net/tcp6"]) & mine
+        assert inside and not on_host, (inside, on_host)  # it listens, and not in the host's network
+    finally:
+        backend.wait(60, None, 5)
+        backend.stop(immediate=True)
 
 
 def test_even_mpichs_default_transport_crosses_the_links(vc4):

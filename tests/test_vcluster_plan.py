@@ -55,17 +55,17 @@ def test_bad_plans_are_one_line_errors_naming_the_option(kwargs, start):
 
 
 def test_names_fit_linux_interface_names_and_carry_the_prefix_and_cluster_name():
-    p = Plan("abcdefgh", 253, "switch")
-    names = [p.bridge] + [p.host_end(i) for i in range(p.nodes)]
+    p = Plan("abcdefgh", MAX_NODES, "switch")
+    names = [p.bridge, p.launcher_end] + [p.host_end(i) for i in range(p.nodes)]
     assert all(len(n) <= 15 and n.startswith("wbvabcdefgh") for n in names)
-    assert all(p.netns(i).startswith("wbv-abcdefgh-") for i in range(p.nodes))
+    assert all(n.startswith("wbv-abcdefgh-") for n in [p.launcher_netns, *(p.netns(i) for i in range(p.nodes))])
     assert len(set(names)) == len(names)
 
 
 @pytest.mark.parametrize("slot", [0, 1, 255, 256, 511])
 def test_addresses_stay_in_the_benchmarking_range(slot):
-    p = Plan("vc", 200, "switch", slot=slot)
-    every = [p.head_address] + [p.address(i) for i in range(p.nodes)]
+    p = Plan("vc", MAX_NODES, "switch", slot=slot)
+    every = [p.head_address, p.launcher_address] + [p.address(i) for i in range(p.nodes)]
     assert all(ipaddress.ip_address(a) in RANGE for a in every)
     assert all(ipaddress.ip_address(a) in p.subnet for a in every) and len(set(every)) == len(every)
     assert p.node_of(p.address(7)) == 7 and p.node_of(p.hostname(7)) == 7 and p.node_of("elsewhere") is None

@@ -17,8 +17,10 @@ import statistics
 from contextlib import contextmanager
 from typing import Iterator
 
-#: training nodes at most: a cluster has at most 253 nodes (one /24 each), one of them the master's
-MAX_TRAINING_NODES = 252
+from ..vcluster.plan import MAX_NODES
+
+#: training nodes at most: a cluster's nodes at most, one of them the master's
+MAX_TRAINING_NODES = MAX_NODES - 1
 
 
 class ClusterArgumentError(ValueError):
@@ -37,7 +39,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser, several_rates: bool) 
 
 
 def check_cluster_args(args: argparse.Namespace, several_rates: bool = False) -> None:
-    """Check ``args.nodes`` (2..252), ``args.bandwidth`` (tc rates) and ``args.vcluster`` (a name, not
+    """Check ``args.nodes`` (2..:data:`MAX_TRAINING_NODES`), ``args.bandwidth`` (tc rates) and ``args.vcluster`` (a name, not
     with ``--bandwidth``; both only with ``--nodes``) and set ``args.rates``: bits/s in order, ``[]``
     without ``--nodes``, ``[None]`` with ``--vcluster`` (the running cluster's own rate). Raises
     :class:`ClusterArgumentError`, one line naming the option."""

@@ -197,7 +197,7 @@ def mpiexec_command(args) -> int:
         vc = _attach(args)
         mpiexec = find_mpiexec()
         mpi = flavour_of(mpiexec)
-        cmd = [mpiexec, "-n", str(args.ranks), *mpi.start_args(args.ranks, placed=True),
+        cmd = [*vc.launcher_network(), mpiexec, "-n", str(args.ranks), *mpi.start_args(args.ranks, placed=True),
                *vc.mpiexec_args(args.ranks, args.ppn, flavour=mpi), *argv]
     except (*_errors(), FileNotFoundError, MPIFlavourError) as exc:
         return _fail("mpiexec", exc)

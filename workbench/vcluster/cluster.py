@@ -94,7 +94,7 @@ class VirtualCluster:
             Path(self.plan.shared).mkdir(parents=True, exist_ok=True, mode=0o755)
             registry.folder(name).mkdir(parents=True, exist_ok=True)
             self.record = {**self.plan.to_dict(), "state": "starting", "created": time.time(),
-                           "owner": None if self.keep else _me()}
+                           "owner": None if self.keep else _me(), "launcher_address": self.plan.launcher_address}
             registry.write_record(name, self.record)
         try:
             wiring.build(self.plan)
@@ -260,9 +260,20 @@ class VirtualCluster:
                             f"{self.nodes} (raise --ppn to at least {-(-nranks // self.nodes)})")
         mpi = flavour or mpilib.flavour()
         wdir = os.fspath(wdir) if wdir is not None else os.getcwd()
-        return [*mpi.remote_args(str(self.standin), self.plan.bridge, str(self.plan.subnet)),
+        iface = "eth0" if self.launcher_network() else self.plan.bridge  # the launcher network's one cable
+        return [*mpi.remote_args(str(self.standin), iface, str(self.plan.subnet)),
                 *mpi.hosts_args([self.plan.address(i) for i in range(needed)], ppn),
                 *mpi.wdir_args(wdir if self.visible(wdir) else str(self.shared))]
+
+    def launcher_network(self) -> list[str]:
+        """What starts a launcher (the head's mpiexec) in the cluster's launcher network: a namespace whose one
+        cable goes to the cluster's bridge (:attr:`~.plan.Plan.launcher_address`), so that what the launcher
+        listens on (hydra's unauthenticated control port, on every address it has) is reached from the nodes
+        and from no other user of the host. ``[]`` for a cluster made before it had one (it then runs on the
+        head's network, as it did)."""
+        if not (self.record or {}).get("launcher_address"):
+            return []
+        return [tools.tool("nsenter"), f"--net={wiring.netns_path(self.plan, None)}"]
 
     def mpi_env(self, flavour: MPIFlavour | None = None) -> dict[str, str]:
         """Environment of the ranks: the MPI library's messages over TCP on the nodes' ``eth0``
@@ -275,13 +286,14 @@ class VirtualCluster:
                     cwd: str | os.PathLike | None = None) -> dict:
         """Keyword arguments of :func:`~workbench.runtime.launch.launcher.run_mpi` that run its ranks on
         the nodes: hosts and launcher, transport, the job's folder (``job_dir``, default the shared
-        folder's ``jobs/``: the nodes write there) and the head address for the ranks' heartbeats."""
+        folder's ``jobs/``: the nodes write there), the head address for the ranks' heartbeats and the
+        network mpiexec starts in (:meth:`launcher_network`)."""
         job_dir = Path(job_dir) if job_dir is not None else self.shared / "jobs"
         if not self.visible(job_dir):
             raise PlanError(f"job_dir: {job_dir} is not seen by the nodes of vcluster {self.name} (they have "
                             f"their own /tmp and /dev/shm); use a folder under {self.shared} or outside /tmp")
         return {"mpi_args": self.mpiexec_args(nranks, ppn, cwd), "env": self.mpi_env(), "job_dir": job_dir,
-                "heartbeat": self.head_address}
+                "heartbeat": self.head_address, "network": self.launcher_network()}
 
     def slurm_env(self) -> dict[str, str]:
         """``SLURM_CONF`` of the cluster's Slurm and ``PATH`` with its commands first (they run as the

@@ -34,7 +34,8 @@ NAME_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,7}$")
 RANGE = ipaddress.ip_network("198.18.0.0/15")
 #: one /24 of RANGE per cluster: the head is .1, node i is .(i + 2)
 SLOTS = RANGE.num_addresses // 256
-MAX_NODES = 253
+#: one /24 a cluster: .1 the head, .2-.253 the nodes, .254 the head's launcher network (issue 45)
+MAX_NODES = 252
 #: the topologies a virtual cluster can wire (switched networks other than one switch would need
 #: switches as namespaces and loop-free forwarding between them)
 KINDS = ("switch", "ring", "torus", "mesh", "fully_connected")
@@ -192,6 +193,16 @@ class Plan:
     def netns(self, node: int) -> str:
         return f"{PREFIX}-{self.name}-{node}"
 
+    @property
+    def launcher_netns(self) -> str:
+        """The network namespace the head's launchers (mpiexec) run in: one cable to the bridge, nothing else."""
+        return f"{PREFIX}-{self.name}-launch"
+
+    @property
+    def launcher_end(self) -> str:
+        """The host side of the launcher network's cable to the bridge."""
+        return f"{PREFIX}{self.name}-L"
+
     def host_end(self, node: int) -> str:
         """The host side of node ``node``'s cable to the bridge."""
         return f"{PREFIX}{self.name}-{node}"
@@ -211,6 +222,11 @@ class Plan:
     @property
     def head_address(self) -> str:
         return str(self.subnet.network_address + 1)
+
+    @property
+    def launcher_address(self) -> str:
+        """The launcher network's address on the bridge (the nodes' proxies connect to it)."""
+        return str(self.subnet.network_address + 254)
 
     def address(self, node: int) -> str:
         return str(self.subnet.network_address + 2 + node)

@@ -42,8 +42,9 @@ def ns_file(plan: Plan, node: int | str, kind: str) -> Path:
     return folder(plan.name) / "ns" / f"{node}.{kind}"
 
 
-def netns_path(plan: Plan, node: int) -> str:
-    return f"/var/run/netns/{plan.netns(node)}"
+def netns_path(plan: Plan, node: int | None) -> str:
+    """The file of node ``node``'s network namespace (None: the head's launcher network)."""
+    return f"/var/run/netns/{plan.netns(node) if node is not None else plan.launcher_netns}"
 
 
 def burst_bytes(bandwidth: int) -> int:
@@ -141,6 +142,15 @@ def exposed_paths(plan: Plan) -> list[str]:
     return sorted(set(out), key=len)
 
 
+def _launcher_cable(plan: Plan) -> list[str]:
+    """``ip`` commands on the host for the head's launcher network: its namespace and its one cable to the
+    bridge. What the launchers listen on there (hydra's control port, on every address it has) is on the
+    cluster network, not on the host's own addresses."""
+    end = plan.launcher_end
+    return [f"netns add {plan.launcher_netns}", f"link add name {end} type veth peer name eth0 netns {plan.launcher_netns}",
+            f"link set dev {end} addrgenmode none", f"link set dev {end} master {plan.bridge}", f"link set dev {end} up"]
+
+
 def build(plan: Plan) -> None:
     """Create everything the plan names (nothing of it may exist yet)."""
     base = folder(plan.name)
@@ -157,11 +167,14 @@ def build(plan: Plan) -> None:
                  f"link add name {plan.host_end(i)} type veth peer name eth0 netns {plan.netns(i)}",
                  f"link set dev {plan.host_end(i)} addrgenmode none",
                  f"link set dev {plan.host_end(i)} master {br}", f"link set dev {plan.host_end(i)} up"]
+    host += _launcher_cable(plan)
     for cable in plan.cables:
         host.append(f"link add name {cable.device(cable.a)} netns {plan.netns(cable.a)} type veth "
                     f"peer name {cable.device(cable.b)} netns {plan.netns(cable.b)}")
     ip_batch(host, f"vcluster {plan.name}: create the bridge, namespaces and cables")
     check_latency_supported(plan)
+    ip_batch(["link set dev lo up", f"addr add {plan.launcher_address}/{sub.prefixlen} dev eth0", "link set dev eth0 up"],
+             f"vcluster {plan.name}: address the launcher network", netns=plan.launcher_netns)
 
     exposed = exposed_paths(plan)
     setups = []

@@ -94,7 +94,9 @@ def _mpiexec_engines(config, cluster, guarded: list[str]) -> None:
     records how it ended (see runtime.rankguard)."""
     mpiexec = find_mpiexec()
     mpi, vc = flavour_of(mpiexec), cluster.vcluster
-    config.MPIEngineSetLauncher.mpi_cmd = [*(cluster.private_prefix or []), mpiexec]
+    # engines here in a network of their own; on a virtual cluster's nodes, mpiexec in its launcher network
+    network = vc.launcher_network() if vc is not None else cluster.private_prefix or []
+    config.MPIEngineSetLauncher.mpi_cmd = [*network, mpiexec]
     placement = vc.mpiexec_args(cluster.n, cluster.ppn, wdir=vc.shared, flavour=mpi) if vc is not None else []
     args = placement + cluster._settings["mpi_args"]
     config.MPIEngineSetLauncher.mpi_args = mpi.start_args(cluster.n, placed=mpi.placed(args)) + args

@@ -189,15 +189,17 @@ class Mpiexec(JobLauncher):
 
     name = "mpiexec"
 
-    def __init__(self, nranks: int, python_args: Sequence[str], *, mpi_args: Sequence[str] = (), **options) -> None:
+    def __init__(self, nranks: int, python_args: Sequence[str], *, mpi_args: Sequence[str] = (),
+                 network: Sequence[str] | None = None, **options) -> None:
         super().__init__(nranks, python_args, **options)
         self.mpi_args = list(mpi_args)
+        self.network = None if network is None else list(network)  # what starts mpiexec in its network
         self.flavour = flavour_of(find_mpiexec())
         check_pairing(self.flavour)
 
     def command(self, folder: Path, name: str) -> list[str]:
         return mpiexec_command(self.nranks, self.python_args, output_dir=folder, guard_dir=folder / "ranks",
-                               mpi_args=self.mpi_args)
+                               mpi_args=self.mpi_args, network=self.network)
 
 
 class Srun(JobLauncher):
@@ -270,7 +272,7 @@ LAUNCHER_NAMES = tuple(BACKENDS)
 
 
 def batch_launcher(launcher: str, nranks: int, python_args: Sequence[str], *, srun_args: Sequence[str] = (),
-                   mpi_args: Sequence[str] = (), **options) -> JobLauncher:
+                   mpi_args: Sequence[str] = (), network: Sequence[str] | None = None, **options) -> JobLauncher:
     """The backend ``launcher`` names (``mpiexec`` with ``mpi_args``, ``srun`` with ``srun_args``); a
     one-line ValueError for another name or arguments of the other backend."""
     if launcher not in BACKENDS:
@@ -281,7 +283,7 @@ def batch_launcher(launcher: str, nranks: int, python_args: Sequence[str], *, sr
         return Srun(nranks, python_args, srun_args=srun_args, **options)
     if srun_args:
         raise ValueError("srun_args are srun's arguments; mpiexec takes mpi_args")
-    return Mpiexec(nranks, python_args, mpi_args=mpi_args, **options)
+    return Mpiexec(nranks, python_args, mpi_args=mpi_args, network=network, **options)
 
 
 def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
@@ -289,14 +291,14 @@ def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
             stream: bool = False, on_interrupt: Callable[[], object] | None = None,
             grace: float = 10.0, launcher: str = "mpiexec", srun_args: Sequence[str] = (),
             mpi_args: Sequence[str] = (), job_dir: str | os.PathLike | None = None,
-            heartbeat: str | None = None) -> MPIResult:
+            heartbeat: str | None = None, network: Sequence[str] | None = None) -> MPIResult:
     """Run ``python -m mpi4py <python_args>`` on ``nranks`` ranks and wait (at most ``timeout`` s).
 
     ``launcher``: ``"mpiexec"`` (:class:`Mpiexec`, with ``mpi_args``) or ``"srun"`` (:class:`Srun`, a job
     step of the current Slurm allocation, with ``srun_args``). ``job_dir``, ``heartbeat``, ``stream``,
     ``env``, ``cwd``: as :class:`JobLauncher` takes them (a virtual cluster's
-    :meth:`~workbench.vcluster.VirtualCluster.run_options` gives ``mpi_args``, ``env``, ``job_dir`` and
-    ``heartbeat``).
+    :meth:`~workbench.vcluster.VirtualCluster.run_options` gives ``mpi_args``, ``env``, ``job_dir``,
+    ``heartbeat`` and ``network``, what starts mpiexec in the cluster's launcher network).
 
     Raises :class:`MPILaunchError` when the job exits non-zero or times out: its message starts
     with the rank whose process ended first and how (``rank 2 on node node7 (pid 4242) was killed by
@@ -313,7 +315,7 @@ def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
     if not timeout > 0:  # NaN as well
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     backend = batch_launcher(launcher, nranks, python_args, srun_args=srun_args, mpi_args=mpi_args, env=env,
-                             cwd=cwd, stream=stream, job_dir=job_dir, heartbeat=heartbeat)
+                             cwd=cwd, stream=stream, job_dir=job_dir, heartbeat=heartbeat, network=network)
     backend.start()
     try:
         backend.wait(timeout, on_interrupt, grace)

@@ -41,7 +41,8 @@ def rank_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def mpiexec_command(nranks: int, python_args: Sequence[str], *,
                     output_dir: str | os.PathLike | None = None,
-                    guard_dir: str | os.PathLike | None = None, mpi_args: Sequence[str] = ()) -> list[str]:
+                    guard_dir: str | os.PathLike | None = None, mpi_args: Sequence[str] = (),
+                    network: Sequence[str] | None = None) -> list[str]:
     """The argv that runs ``python -m mpi4py <python_args>`` on ``nranks`` ranks (``mpi_args``:
     more arguments of mpiexec, such as a virtual cluster's hosts and launcher).
 
@@ -53,14 +54,16 @@ def mpiexec_command(nranks: int, python_args: Sequence[str], *,
     the library writes the same files (:meth:`~workbench.mpilib.MPIFlavour.output_args`). What the library needs
     to start the ranks here (Open MPI as root, more ranks than cores) comes from its flavour
     (:meth:`~workbench.mpilib.MPIFlavour.start_args`). A job on this host alone starts in a network of
-    its own (:mod:`.private_net`).
+    its own (:mod:`.private_net`); ``network``: what starts mpiexec in the network of a job across nodes
+    (a virtual cluster's launcher network, :meth:`~workbench.vcluster.VirtualCluster.launcher_network`).
     """
     integer("nranks", nranks)
     mpiexec = find_mpiexec()
     mpi = flavour_of(mpiexec)
     # a job on this host alone runs in a network of its own: nothing it listens on is reachable by others
-    alone = [] if mpi.on_hosts(mpi_args) else private_net.prefix()
-    cmd = [*alone, mpiexec, "-n", str(nranks), *mpi.start_args(nranks, placed=mpi.placed(mpi_args)), *mpi_args]
+    if network is None:
+        network = [] if mpi.on_hosts(mpi_args) else private_net.prefix()
+    cmd = [*network, mpiexec, "-n", str(nranks), *mpi.start_args(nranks, placed=mpi.placed(mpi_args)), *mpi_args]
     if guard_dir is not None:
         cmd += [sys.executable, "-I", str(GUARD), str(guard_dir)]
         if output_dir is not None:
