@@ -1,6 +1,6 @@
-"""The published DeepPool planner reproduced (workbench.burst.deeppool): the worked numbers of
-data/PLANNER_COST_MODEL.md, each quirk of its cost model and search, plans for the three shipped
-models, bad input and the JSON round trip. Pure Python, fast."""
+"""The published DeepPool planner reproduced (workbench.burst.deeppool, its cost terms in
+workbench.burst.deeppool_costs): the worked numbers of data/PLANNER_COST_MODEL.md, each quirk of its cost model and
+search, plans for the three shipped models, bad input and the JSON round trip. Pure Python, fast."""
 from __future__ import annotations
 
 import json
@@ -9,9 +9,11 @@ import math
 import pytest
 
 from workbench.burst import deeppool as dp
-from workbench.burst.deeppool import (BANDWIDTH, EXEMPT_US, LATENCY_US, PENALTY, activation_bytes, activation_path,
-                                      activation_us, amplification_of, candidates, compute_us, gpus_needed,
-                                      initial_config, no_parallel_us, plan_deeppool, sync_us)
+from workbench.burst import deeppool_costs
+from workbench.burst.deeppool import plan_deeppool
+from workbench.burst.deeppool_costs import (BANDWIDTH, EXEMPT_US, LATENCY_US, PENALTY, activation_bytes,
+                                            activation_path, activation_us, amplification_of, candidates, compute_us,
+                                            gpus_needed, initial_config, no_parallel_us, sync_us)
 from workbench.burst.graph import BurstError, Layer, LayerTime, ModelGraph, ProfileTable, load_model, load_profile
 from workbench.burst.plan import BurstPlan, sample_ranges
 
@@ -461,6 +463,8 @@ def test_json_round_trip(data):
 
 def test_module_is_pure_python():
     import sys
-    assert dp.__name__ in sys.modules
-    text = open(dp.__file__).read()
-    assert "import torch" not in text and "mpi4py" not in text and "numpy" not in text.replace("no numpy", "")
+    for module in (dp, deeppool_costs):
+        assert module.__name__ in sys.modules
+        text = open(module.__file__).read()
+        assert "import torch" not in text and "mpi4py" not in text and "numpy" not in text.replace("no numpy", "")
+    assert dp.activation_us is deeppool_costs.activation_us   # the old names still work

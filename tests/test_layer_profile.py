@@ -137,14 +137,14 @@ def test_lockstep_profiles_measure_the_ranks_skew():
     # two processes on a shared machine, a spinning barrier before every repetition: the
     # slowest process's repetition is never shorter than the mean, so the skew is >= 0, and it is
     # exactly the formula over the repetitions each process reported
-    from workbench.bench.step import _skew
+    from workbench.bench.concurrent import skew
     step = profile_step("mlp", 8, processes=2, lockstep=True, repeats=5, warmup=1, wire_dtypes=(), timeout=300)
     assert step.lockstep and step.processes == 2 and step.statistic == "mean"
     totals = [r["totals"] for r in step.per_process]
     assert [len(t) for t in totals] == [5, 5] and all(t > 0 for reps in totals for t in reps)
-    assert step.skew_s == pytest.approx(_skew(totals)) and step.skew_s >= 0
+    assert step.skew_s == pytest.approx(skew(totals)) and step.skew_s >= 0
     assert step.scaled(2.0).skew_s == pytest.approx(2 * step.skew_s)
-    assert _skew([[1.0, 2.0], [3.0, 2.0]]) == pytest.approx(0.5)   # (1 + 0) / 2
+    assert skew([[1.0, 2.0], [3.0, 2.0]]) == pytest.approx(0.5)   # (1 + 0) / 2
     assert profile_step("mlp", 8, **FAST, wire_dtypes=()).skew_s == 0.0
     with pytest.raises(LayerProfileError, match="lockstep needs processes >= 2"):
         profile_step("mlp", 8, lockstep=True, **FAST)

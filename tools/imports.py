@@ -4,6 +4,11 @@ names imported across modules, and the arrows between packages that go up the la
     python3 tools/imports.py            # a summary: modules, arrows, circles (between modules, between
                                         # packages), private imports, arrows up the layers
     python3 tools/imports.py --json     # the same as JSON
+    python3 tools/imports.py --root DIR # another checkout of the project (before and after a change)
+
+It also gives the sizes: lines of the package, and the modules and functions that sit just under the
+house's gauges (400 lines a module, 60 a function): cut to the gauge rather than by concept, they
+cluster there.
 
 Every import counts, at the top of a module or inside a function (a lazy import is still an arrow:
 the module cannot be understood without the other), except those under ``if TYPE_CHECKING:``, which
@@ -168,16 +173,67 @@ def climbs(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
     return sorted((a, b) for a, targets in graph.items() for b in targets if layer_of(b) > layer_of(a))
 
 
+#: the house's gauges (tests/test_layout.py): lines of a module, lines of code of a function
+MODULE_GAUGE, FUNCTION_GAUGE = 400, 60
+#: "just under a gauge": within this share of it
+NEAR = 0.05
+
+
+def functions(tree: ast.AST, prefix: str = ""):
+    """``(qualified name, node)`` of every function in ``tree``, methods and nested ones included."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            name = prefix + node.name
+            if not isinstance(node, ast.ClassDef):
+                yield name, node
+            yield from functions(node, name + ".")
+        else:
+            yield from functions(node, prefix)
+
+
+def code_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """A function's lines from its ``def`` to its end, less its docstring's: a long contract is not
+    a long function."""
+    lines = node.end_lineno - node.lineno + 1
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        lines -= first.end_lineno - first.lineno + 1
+    return lines
+
+
+def sizes(root: Path = ROOT) -> dict:
+    """Lines of the package; the modules (lines) and functions (lines of code) over their gauge, and just
+    under it (``"module:qualified name"`` for a function)."""
+    lines, found = 0, {key: [] for key in ("modules_over_gauge", "modules_near_gauge", "functions_over_gauge",
+                                           "functions_near_gauge")}
+
+    def place(kind: str, name: str, n: int, gauge: int) -> None:
+        if n > gauge:
+            found[f"{kind}_over_gauge"].append([name, n])
+        elif n >= gauge * (1 - NEAR):
+            found[f"{kind}_near_gauge"].append([name, n])
+
+    for name, path in modules(root).items():
+        text = path.read_text(encoding="utf-8")
+        lines += len(text.splitlines())
+        place("modules", name, len(text.splitlines()), MODULE_GAUGE)
+        for function, node in functions(ast.parse(text)):
+            place("functions", f"{name}:{function}", code_lines(node), FUNCTION_GAUGE)
+    return {"lines": lines, **found}
+
+
 def report(root: Path = ROOT) -> dict:
     graph, private = arrows(root)
     return {"modules": len(graph), "arrows": sum(len(t) for t in graph.values()), "circles": circles(graph),
             "package_circles": circles(package_arrows(graph, root)),
-            "private_imports": [list(p) for p in private], "climbs": [list(c) for c in climbs(graph)]}
+            "private_imports": [list(p) for p in private], "climbs": [list(c) for c in climbs(graph)],
+            **sizes(root)}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    found = report()
+    root = Path(argv[argv.index("--root") + 1]).resolve() if "--root" in argv else ROOT
+    found = report(root)
     if "--json" in argv:
         print(json.dumps(found, indent=1))
         return 0
@@ -185,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
           f"{len(found['package_circles'])} between packages, "
           f"{len(found['private_imports'])} private names imported across modules, {len(found['climbs'])} arrows "
           f"up the layers")
+    print(f"{found['lines']} lines; modules over {MODULE_GAUGE} lines: {len(found['modules_over_gauge'])}, within "
+          f"{NEAR:.0%} under it: {len(found['modules_near_gauge'])}; functions over {FUNCTION_GAUGE} lines of code: "
+          f"{len(found['functions_over_gauge'])}, within {NEAR:.0%} under it: {len(found['functions_near_gauge'])}")
     for group in found["circles"]:
         print("circle: " + " <-> ".join(group))
     for group in found["package_circles"]:
@@ -193,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"private: {module} imports {name} from {source}")
     for low, high in found["climbs"]:
         print(f"climb: {low} -> {high}")
+    for key in ("modules_over_gauge", "modules_near_gauge", "functions_over_gauge", "functions_near_gauge"):
+        for name, n in found[key]:
+            print(f"{key.replace('_', ' ')}: {name} ({n} lines)")
     return 0
 
 

@@ -241,7 +241,7 @@ def profile_model(model: nn.Module, sample, batch_size: int | None, target, repe
              loss_fn: Callable, after=(), sync=None, totals: list | None = None
              ) -> tuple[list[LayerProfile], list[float]]:
     """The layers, and each ``after`` phase's seconds (see :func:`profile_layers`). ``sync``: the
-    barriers of concurrent profiles (:mod:`workbench.bench.step`); ``totals``: if a list, each
+    barriers of concurrent profiles (:class:`workbench.bench.concurrent.Sync`); ``totals``: if a list, each
     timed repetition's whole seconds (forward + backward + phases) are appended to it."""
     check_timing(repeats, warmup, statistic)
     threads = torch.get_num_threads()

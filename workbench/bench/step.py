@@ -12,42 +12,23 @@ casts (:func:`cast_phase`) as phases of the step loop after each backward, and o
 the test set (:func:`evaluate_seconds`).
 
 **Concurrent profiles** (``processes=N``): N processes (``spawn``) profile the same model at once,
-to see the compute the way N ranks on this machine see it (N ranks on fewer cores share them).
-Every phase starts at a barrier, and a process that has finished its timed repetitions keeps
-running untimed ones until every process has finished, so the load is N processes throughout.
-The layer times are the mean over processes of each process's statistic (default ``mean`` here:
-see :mod:`workbench.bench.layers` on time-slicing).
+to see the compute the way N ranks on this machine see it, each in a session of its own; every
+phase starts at a barrier and the load stays N processes throughout (:mod:`workbench.bench.concurrent`,
+which runs them). The layer times are the mean over processes of each process's statistic
+(default ``mean`` here: see :mod:`workbench.bench.layers` on time-slicing); each process's own
+answer, with its session and ``"paused_s"``, is in ``per_process``.
 
-Each process runs in a session of its own (``os.setsid``), as every rank (with its guard) under
-MPICH's ``mpiexec`` does: where Linux groups the scheduling by session (autogroup, on here), a
-busy machine's cores are shared between sessions first, so N processes of one session would get
-one share where N ranks get N (on the virtual cluster, 18 other busy processes on the 2 cores,
-two such processes took 136 ms per lenet step, with the pauses below, where the ranks' compute
-took 53 ms). Each answer names its session (``per_process[i]["session"]``) and ``"paused_s"``.
-
-**Lock-step** (``lockstep=True``, with ``processes=N``): every repetition starts at a barrier
-whose waiters spin (``os.sched_yield`` between looks, as a rank waiting in MPI keeps polling),
-the way ``sync-sgd``'s ranks meet at each step's all-reduce. Then the processes finish a
-repetition at different times: ``skew_s`` is the mean over repetitions of (the slowest process's
-repetition) - (the mean process's), forward + backward + update. That is the straggler term of
-:func:`workbench.netsim.predict.predict` (``skew_s``): on dedicated devices it is near zero; with
-4 ranks time-sliced on 2 cores it is not. Without ``lockstep``, ``skew_s`` is 0.
-
-**Pauses** (``pause_s``, with ``lockstep``): before each barrier every process first spends
-``pause_s`` seconds yielding the CPU in a loop (``os.sched_yield``), as a rank does while its
-all-reduce is on the network (:func:`workbench.deadline.poll`), so the profile computes in the
-same rhythm as the run: compute, wait, compute. Give it the step's predicted communication time.
-On cores shared with other work the rhythm changes the compute: on the virtual cluster at 200
-Mbit/s, with about 20 other busy processes on the 2 cores, two processes profiling lenet took
-47.5 ms per step back to back and 76.5 ms with 28.9 ms pauses, against 74-76 ms of compute in the
-runs' traces (wide_mlp: 141 and 173 ms, against 151-159 ms); scheduler or caches, these runs do
-not separate.
+**Lock-step** (``lockstep=True``, with ``processes=N``): every repetition starts at a spinning
+barrier, the way ``sync-sgd``'s ranks meet at each step's all-reduce, and ``skew_s`` is
+:func:`workbench.bench.concurrent.skew` of the processes' repetitions, forward + backward +
+update: the straggler term of :func:`workbench.netsim.predict.predict`. Without ``lockstep``,
+``skew_s`` is 0. ``pause_s`` (with ``lockstep``): seconds each process yields the CPU before each
+meeting, as a rank waiting for its all-reduce (see :mod:`workbench.bench.concurrent`, "Pauses").
 
 torch is imported here (this is ``workbench.bench``, not ``workbench.netsim``).
 """
 from __future__ import annotations
 
-import os
 import statistics
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -57,9 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import integer
-from ..deadline import yield_cpu
 from ..netsim.profile import LayerProfile
+from . import concurrent
 from .layers import (DEFAULT_REPEATS, DEFAULT_WARMUP, LayerProfileError, builtin_model, check_timing, profile_model, summarise,
                      time_calls)
 
@@ -230,53 +210,8 @@ class StepProfile:
         return out
 
 
-class _Sync:
-    """Phase barriers, the 'keep the load on until everyone is done' counter of N processes and,
-    with ``lockstep``, a spinning barrier before every repetition (:meth:`before`)."""
-
-    def __init__(self, barrier, done, processes: int, step=None, timeout: float = 600, pause: float = 0.0) -> None:
-        self._barrier, self._done, self.processes = barrier, done, processes
-        self._step, self.timeout = step, timeout   # step: (arrived, generation) shared counters
-        self.pause, self.paused = pause, 0.0   # paused: seconds spent in pauses so far
-        self.before = self._meet if step is not None else None
-
-    def _meet(self) -> None:
-        """Yield the CPU for :attr:`pause` seconds (a rank waiting for its all-reduce), then wait,
-        spinning with ``sched_yield``, until every process has arrived."""
-        if self.pause > 0:
-            start = time.monotonic()
-            while time.monotonic() < start + self.pause:
-                yield_cpu()
-            self.paused += time.monotonic() - start
-        arrived, generation = self._step
-        with arrived.get_lock():
-            mine = generation.value
-            arrived.value += 1
-            if arrived.value == self.processes:
-                arrived.value = 0
-                generation.value += 1
-                return
-        deadline = time.monotonic() + self.timeout
-        while generation.value == mine:
-            os.sched_yield()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"profile_step: a lock-step barrier waited more than {self.timeout} s")
-
-    def barrier(self) -> None:
-        self._barrier.wait()
-        with self._done.get_lock():
-            self._done.value = 0
-        self._barrier.wait()
-
-    def hooks(self):
-        def done():
-            with self._done.get_lock():
-                self._done.value += 1
-        return (lambda: self._done.value < self.processes), done
-
-
 def _measure_step(name: str, batch_size: int, dataset: str, repeats: int, warmup: int, statistic: str,
-                  wire_dtypes: Sequence[str], ranks: int, sync: _Sync | None) -> dict:
+                  wire_dtypes: Sequence[str], ranks: int, sync: concurrent.Sync | None) -> dict:
     """Everything :class:`StepProfile` holds, measured in this process (as a dict: it crosses
     process boundaries): the step loop (forward, backward, update) for the layers and the update;
     once more per wire dtype with its casts before the update, for the casts."""
@@ -298,44 +233,6 @@ def _measure_step(name: str, batch_size: int, dataset: str, repeats: int, warmup
             "totals": totals}
 
 
-def _child(queue, barrier, done, processes: int, step, timeout: float, pause: float, args: tuple) -> None:
-    try:
-        os.setsid()   # a session of its own, as mpiexec starts each rank (see the module's text)
-        sync = _Sync(barrier, done, processes, step, timeout, pause)
-        queue.put(("ok", {**_measure_step(*args, sync=sync), "session": os.getsid(0), "paused_s": sync.paused}))
-    except BaseException as exc:   # noqa: BLE001 - reported to the parent, which raises it
-        barrier.abort()
-        queue.put(("error", f"{type(exc).__name__}: {exc}"))
-
-
-def _collect(queue, children, timeout: float) -> list[tuple[str, object]]:
-    """One answer per child; a child that died without answering (or the timeout) is an error."""
-    import queue as queues
-    answers, deadline = [], time.monotonic() + timeout
-    while len(answers) < len(children):
-        try:
-            answers.append(queue.get(timeout=0.5))
-            continue
-        except queues.Empty:
-            pass
-        dead = [c.exitcode for c in children if c.exitcode not in (None, 0)]
-        if dead:
-            raise RuntimeError(f"profile_step: a profiling process died (exit code {dead[0]}) before answering")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"profile_step: the profiling processes did not finish within {timeout} s")
-    return answers
-
-
-def _check_processes(processes: int, lockstep: bool, pause_s: float) -> None:
-    integer("processes", processes, 1, LayerProfileError)
-    if lockstep and processes < 2:
-        raise LayerProfileError(f"lockstep needs processes >= 2 (ranks that wait for each other); got {processes}")
-    if not isinstance(pause_s, (int, float)) or isinstance(pause_s, bool) or not 0 <= pause_s < 3600:
-        raise LayerProfileError(f"pause_s must be seconds in [0, 3600); got {pause_s!r}")
-    if pause_s and not lockstep:
-        raise LayerProfileError("pause_s needs lockstep=True (the pause comes before each lock-step meeting)")
-
-
 def profile_step(name: str, batch_size: int = 32, *, dataset: str = "digits", processes: int = 1,
                  repeats: int = DEFAULT_REPEATS, warmup: int = DEFAULT_WARMUP, statistic: str | None = None,
                  wire_dtypes: Sequence[str] = ("fp16",), ranks: int = 4, lockstep: bool = False,
@@ -351,7 +248,7 @@ def profile_step(name: str, batch_size: int = 32, *, dataset: str = "digits", pr
     """
     statistic = statistic or ("median" if processes == 1 else "mean")
     check_timing(repeats, warmup, statistic)
-    _check_processes(processes, lockstep, pause_s)
+    concurrent.check_processes(processes, lockstep, pause_s)
     args = (name, batch_size, dataset, repeats, warmup, statistic, tuple(wire_dtypes), ranks)
     if processes == 1:
         threads = torch.get_num_threads()
@@ -361,26 +258,7 @@ def profile_step(name: str, batch_size: int = 32, *, dataset: str = "digits", pr
             torch.set_num_threads(threads)
     else:
         builtin_model(name, dataset)   # a bad name fails here, not in N children
-        import multiprocessing as mp
-        ctx = mp.get_context("spawn")
-        queue, barrier, done = ctx.Queue(), ctx.Barrier(processes, timeout=timeout), ctx.Value("i", 0)
-        step = (ctx.Value("i", 0), ctx.Value("q", 0)) if lockstep else None
-        children = [ctx.Process(target=_child, args=(queue, barrier, done, processes, step, timeout, pause_s, args),
-                                daemon=True)
-                    for _ in range(processes)]
-        for child in children:
-            child.start()
-        try:
-            answers = _collect(queue, children, timeout)
-        finally:
-            for child in children:
-                child.join(timeout=10)
-                if child.is_alive():
-                    child.terminate()
-        errors = [text for status, text in answers if status == "error"]
-        if errors:
-            raise RuntimeError(f"profile_step: a profiling process failed: {errors[0]}")
-        results = [payload for _, payload in answers]
+        results = concurrent.run(_measure_step, args, processes, lockstep=lockstep, pause_s=pause_s, timeout=timeout)
     n = len(results)
     first = [LayerProfile(**{**l, "tensors": tuple(l["tensors"])}) for l in results[0]["layers"]]
     layers = [LayerProfile(l.name, l.parameters, sum(r["layers"][k]["forward_s"] for r in results) / n,
@@ -390,11 +268,5 @@ def profile_step(name: str, batch_size: int = 32, *, dataset: str = "digits", pr
                        sum(r["update_s"] for r in results) / n,
                        {d: sum(r["wire_cast_s"][d] for r in results) / n for d in wire_dtypes},
                        sum(r["evaluate_s"] for r in results) / n, processes, statistic, repeats,
-                       _skew([r["totals"] for r in results]) if lockstep else 0.0, lockstep, pause_s,
+                       concurrent.skew([r["totals"] for r in results]) if lockstep else 0.0, lockstep, pause_s,
                        per_process=results if n > 1 else [])
-
-
-def _skew(totals: list[list[float]]) -> float:
-    """Mean over repetitions of (slowest process) - (mean process): repetitions are aligned by
-    the lock-step barrier, so repetition k of every process ran between the same two meetings."""
-    return statistics.fmean(max(reps) - statistics.fmean(reps) for reps in zip(*totals))

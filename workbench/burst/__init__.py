@@ -4,13 +4,15 @@
   published A100 tables and model lists ship in ``data/``, MIT; notice in
   ``data/LICENSE-DeepPool.txt``); pure.
 - :mod:`.plan`: the output every part shares (:class:`~.plan.BurstPlan`); pure.
-- :mod:`.costs`, :mod:`.planner`: the workbench's cost model and dynamic-programming planner; pure.
-- :mod:`.deeppool`: the published planner's cost model and search, reproduced decision for
-  decision (``--cost-model deeppool``); pure.
+- :mod:`.costs`, :mod:`.planner` (and its :mod:`.search`): the workbench's cost model and
+  dynamic-programming planner; pure.
+- :mod:`.deeppool` (and its cost terms, :mod:`.deeppool_costs`): the published planner's cost model
+  and search, reproduced decision for decision (``--cost-model deeppool``); pure.
 - :mod:`.multiplex`: filling a burst-parallel job's idle GPU windows with a background job, a
   discrete-event simulation; pure.
 - :mod:`.profiler` (``workbench.burst.profile(model, input_shape, batch_sizes)``), :mod:`.layergraph`:
-  per-layer forward/backward times of a torch model and its layer graph (torch.fx) (torch).
+  per-layer forward/backward times of a torch model and its layer graph (torch.fx; the layer types of
+  torch's modules and ops in :mod:`.layerkinds`) (torch).
 - :mod:`.execute`: a plan run for real over MPI sub-communicators (torch, mpi4py in the ranks).
 - :mod:`.reference`: what such a run must equal, the single-process run on the same batches (torch).
 
