@@ -175,16 +175,43 @@ def test_bad_input_is_refused_before_launch(cluster):
             run.cancel()
 
 
+def test_a_reachable_controller_listens_on_the_address_the_nodes_reach_alone(state_dir):
+    import socket
+    import warnings
+
+    import psutil
+    lo = Cluster(n=2, engines="slurm", reachable="lo")._ipp_cluster()
+    assert (lo.controller_ip, lo.controller_location) == ("127.0.0.1", "127.0.0.1")
+    other = next(((name, a.address) for name, addrs in psutil.net_if_addrs().items() if name != "lo"
+                  for a in addrs if a.family == socket.AF_INET), None)
+    if other is not None:  # an interface, or its address: that address alone
+        for reachable in other:
+            ipp = Cluster(n=2, engines="slurm", reachable=reachable)._ipp_cluster()
+            assert (ipp.controller_ip, ipp.controller_location) == (other[1], other[1])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ipp = Cluster(n=2, engines="slurm", reachable=True)._ipp_cluster()
+    resolved = socket.gethostbyname(socket.gethostname())
+    if resolved.startswith("127."):  # the name says nothing the nodes reach: every interface, and why
+        assert ipp.controller_ip == "*" and "name the one the compute nodes reach" in str(caught[0].message)
+    else:
+        assert ipp.controller_ip == resolved and not caught
+    for bad in ("no-such-if0", "203.0.113.77", 1):
+        with pytest.raises(ConfigError, match="^reachable: True, False, or an interface") as info:
+            Cluster(n=2, engines="slurm", reachable=bad)
+        assert "\n" not in str(info.value) and "lo 127.0.0.1" in str(info.value)
+
+
 def test_slurm_batch_script_has_the_hpc_settings(state_dir, tmp_path):
     c = Cluster(n=8, engines="slurm", account="proj42", queue="gpu", timelimit="01:30:00",
-                options="#SBATCH --gres=gpu:4", reachable=True)
+                options="#SBATCH --gres=gpu:4", reachable="lo")
     script = c.batch_script(tmp_path)
     for line in ("#SBATCH --account=proj42", "#SBATCH --partition=gpu", "#SBATCH --time=01:30:00",
                  "#SBATCH --ntasks=8", "#SBATCH --gres=gpu:4"):
         assert line in script, script
     assert "srun" in script and "ipyparallel.engine" in script and "--mpi" in script
     ipp_cluster = c._ipp_cluster()
-    assert ipp_cluster.controller_ip == "*" and ipp_cluster.controller_location
+    assert ipp_cluster.controller_ip == "127.0.0.1" and ipp_cluster.controller_location
     local = Cluster(n=2)._ipp_cluster()
     assert local.controller_ip == "127.0.0.1"
     with pytest.raises(ConfigError, match="batch_script"):

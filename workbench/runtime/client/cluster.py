@@ -48,7 +48,8 @@ from ..launch import slurm
 from ..launch.engines import LAUNCHERS, SlurmCommandError
 from ..launch.leftovers import remove_leftovers
 from ..processes import alive
-from .ipp_setup import KeptLog, check_keys, link_ipc_sockets, private_network, use_slurm_of, virtual_cluster
+from .ipp_setup import (KeptLog, check_keys, link_ipc_sockets, private_network, reachable_addresses, use_slurm_of,
+                        virtual_cluster)
 from .records import (cleanup_stale_clusters, cmdline, guard_dir, kill, processes_of, record_path,  # noqa: F401 - cleanup_stale_clusters re-exported
                       remove_files_of, write_record)
 from ...paths import state_dir
@@ -72,8 +73,10 @@ class Cluster:
         n: number of engines = MPI ranks (>= 1).
         engines: ``"mpi"`` (mpiexec on this machine) or a batch system: ``"slurm"``, ``"pbs"``,
             ``"sge"``, ``"lsf"``.
-        reachable: listen on all interfaces so engines on compute nodes can connect (batch
-            systems); otherwise everything listens on 127.0.0.1.
+        reachable: where engines on compute nodes connect (batch systems): an interface of this host
+            (``"ib0"``) or one of its addresses, or True (the address this host's name resolves to; where
+            that is a loopback, every interface, with a warning). Otherwise everything listens on
+            127.0.0.1. CurveZMQ and the HMAC key guard the controller either way.
         account, queue, timelimit: batch-system settings (``#SBATCH --account``,
             ``--partition``, ``--time`` for Slurm; the same meaning for PBS/SGE/LSF).
         options: extra directive lines for the engines' batch script, e.g.
@@ -95,7 +98,7 @@ class Cluster:
             allows it (``$WORKBENCH_NETWORK``, docs/security.md).
     """
 
-    def __init__(self, n: int = 4, engines: str = "mpi", *, reachable: bool = False,
+    def __init__(self, n: int = 4, engines: str = "mpi", *, reachable: bool | str = False,
                  account: str = "", queue: str = "", timelimit: str = "", options: str = "",
                  mpi_args: list[str] | None = None, srun_args: list[str] | None = None,
                  start_timeout: float = 60.0, ipp_config: dict[str, dict[str, Any]] | None = None,
@@ -123,7 +126,7 @@ class Cluster:
         self.start_timeout = start_timeout
         if not isinstance(curve, bool):
             raise ConfigError(f"curve: True (CurveZMQ, the default) or False, got {curve!r}")
-        self._settings = dict(curve=curve, reachable=reachable, account=account, queue=queue, timelimit=timelimit,
+        self._settings = dict(curve=curve, reachable=reachable, reachable_at=reachable_addresses(reachable), account=account, queue=queue, timelimit=timelimit,
                               options=options, mpi_args=mpi_args, srun_args=srun_args, ipp_config=ipp_config or {})
         self._ipp = None
         self.client = None

@@ -168,19 +168,52 @@ def link_ipc_sockets(folder: str, security: Path, cluster_id: str, timeout: floa
         time.sleep(0.02)
 
 
+def reachable_addresses(reachable) -> tuple[str, str] | None:
+    """Where a controller that compute nodes reach listens and what the engines are told, for
+    ``reachable``: an interface of this host (``"ib0"``) or one of its IPv4 addresses, both then that
+    address alone; True: the address this host's name resolves to, or, where that is a loopback (a
+    Debian ``/etc/hosts``), every interface, with a warning naming the fix; False: None. A one-line
+    ConfigError for anything else, before anything starts."""
+    if reachable is False:
+        return None
+    import psutil
+    own = {name: [a.address for a in addrs if a.family == socket.AF_INET]
+           for name, addrs in psutil.net_if_addrs().items()}
+    if reachable is True:
+        try:
+            address = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            address = "127.0.0.1"
+        if not address.startswith("127."):
+            return address, address
+        import warnings
+        warnings.warn(f"reachable=True: this host's name resolves to {address} here, so the controller listens on "
+                      "every interface; name the one the compute nodes reach: reachable="
+                      f"{next((n for n in own if n != 'lo' and own[n]), 'ib0')!r} (or its address)", stacklevel=3)
+        return "*", socket.gethostname()
+    if isinstance(reachable, str) and own.get(reachable):
+        return own[reachable][0], own[reachable][0]
+    if isinstance(reachable, str) and any(reachable in addresses for addresses in own.values()):
+        return reachable, reachable
+    raise ConfigError(f"reachable: True, False, or an interface or IPv4 address of this host the compute nodes reach "
+                      f"({', '.join(f'{n} {a[0]}' for n, a in sorted(own.items()) if a)}); got {reachable!r}")
+
+
 def listen_ip(cluster) -> str:
-    """Where the controller and the live stream listen: the virtual cluster's head address, all
-    interfaces (``reachable=True``), or 127.0.0.1."""
+    """Where the controller and the live stream listen: the virtual cluster's head address, the address
+    (or, failing one, every interface) that ``reachable`` names (:func:`reachable_addresses`), or 127.0.0.1."""
     if cluster.vcluster is not None:
         return cluster.vcluster.head_address
-    return "*" if cluster._settings["reachable"] else "127.0.0.1"
+    reachable = cluster._settings["reachable_at"]
+    return reachable[0] if reachable else "127.0.0.1"
 
 
 def advertised_ip(cluster) -> str:
     """The address the engines are told to connect to."""
     if cluster.vcluster is not None:
         return cluster.vcluster.head_address
-    return socket.gethostname() if cluster._settings["reachable"] else "127.0.0.1"
+    reachable = cluster._settings["reachable_at"]
+    return reachable[1] if reachable else "127.0.0.1"
 
 
 class KeptLog(logging.Handler):
