@@ -373,6 +373,62 @@ def _next_job_runs(vc):
     assert len([line for line in result.output.splitlines() if line.startswith("host ")]) == 4
 
 
+PROBE = """import socket, sys
+s = socket.socket()
+s.settimeout(2)
+try:
+    s.connect((sys.argv[1], 9))
+    print("open")
+except ConnectionRefusedError:
+    print("reachable")   # the node answered: nothing listens on port 9
+except OSError:
+    print("unreachable")
+"""
+
+
+def _reach(vc, src: int, dst: int) -> str:
+    return vc.exec(src, [sys.executable, "-c", PROBE, vc.addresses[dst]], timeout=30).stdout.strip()
+
+
+def test_faults_as_a_user_types_them_kill_partition_heal_restore(vc4):
+    """Issue 46's nemesis: each fault from the shell, one line each, and what it does to the node."""
+    cli, node = [sys.executable, "-m", "workbench.cli", "vcluster"], 3
+
+    def fault(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*cli, *argv], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+    keep = Path(vc4.shared) / "wbfault-kept"
+    keep.write_text("shared")
+    sleeper = subprocess.Popen([*vc4.enter(node), "sleep", "300"])
+    try:
+        vc4.exec(node, ["sh", "-c", "echo x > /tmp/wbfault-mark; echo y > /dev/shm/wbfault-mark"], check=True)
+        deadline = time.monotonic() + 10
+        while sleeper.pid not in vc4.processes(node) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        killed = fault("kill", vc4.name, "--node", str(node))
+        assert killed.returncode == 0 and re.fullmatch(rf"vcluster {vc4.name}: node 3 \({vc4.hostnames[3]}\) killed: "
+                                                       r"[1-9]\d* processes\n", killed.stdout), killed
+        assert sleeper.wait(10) == -9 and vc4.processes(node) == []
+        assert vc4.exec(node, ["cat", "/tmp/wbfault-mark"]).stdout == "x\n"  # a crash leaves the node's files
+        assert _reach(vc4, 0, node) == "reachable"
+        cut = fault("partition", vc4.name, "--node", str(node))
+        assert cut.returncode == 0 and "cut off" in cut.stdout, cut
+        assert _reach(vc4, 0, node) == "unreachable" and _reach(vc4, node, 1) == "unreachable"
+        healed = fault("heal", vc4.name, "--node", str(node))
+        assert healed.returncode == 0 and _reach(vc4, 0, node) == "reachable", healed
+        fault("partition", vc4.name, "--node", str(node))
+        restored = fault("restore", vc4.name, "--node", str(node))
+        assert restored.returncode == 0 and "restored, empty" in restored.stdout, restored
+        assert vc4.exec(node, ["ls", "/tmp", "/dev/shm"]).stdout.count("wbfault-mark") == 0
+        assert keep.read_text() == "shared" and _reach(vc4, 0, node) == "reachable"
+        bad = fault("kill", vc4.name, "--node", "9")
+        assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "node: must be 0..3" in bad.stderr, bad
+    finally:
+        sleeper.kill()
+        vc4.heal(node)
+        keep.unlink(missing_ok=True)
+
+
 def test_a_partition_is_named_within_a_minute_and_the_cluster_runs_the_next_job(vc4):
     try:
         message, seconds = _fault_during(vc4, lambda: vc4.set_link(2, False))

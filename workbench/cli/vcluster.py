@@ -7,6 +7,10 @@
     workbench vcluster exec NAME --node I -- CMD...
     workbench vcluster mpiexec NAME -n R [--ppn K] -- CMD...
     workbench vcluster env NAME                    export lines for the head (SLURM_CONF with --slurm)
+    workbench vcluster kill NAME --node I          every process on node I dies at once (a crash)
+    workbench vcluster partition NAME --node I     node I cut off: its links down, its processes run on
+    workbench vcluster heal NAME --node I          its links up again
+    workbench vcluster restore NAME --node I       node I back, empty (no process, /tmp and /dev/shm emptied)
     workbench vcluster down NAME
 """
 from __future__ import annotations
@@ -67,9 +71,48 @@ def add_to(sub) -> None:
     env.add_argument("name")
     env.set_defaults(func=env_command)
 
+    for fault, text in FAULTS.items():
+        parser = cmds.add_parser(fault, help=text)
+        parser.add_argument("name")
+        parser.add_argument("--node", type=int, required=True, help="the node's index, 0..N-1")
+        parser.set_defaults(func=fault_command)
+
     down = cmds.add_parser("down", help="remove it (its shared folder stays)")
     down.add_argument("name")
     down.set_defaults(func=down_command)
+
+
+#: the faults a user injects (Jepsen's nemesis for the virtual cluster), with what each does
+FAULTS = {"kill": "every process on a node dies at once (a crash; the node stays, its files too)",
+          "partition": "cut a node off: its links down, its processes run on",
+          "heal": "a partitioned node's links up again",
+          "restore": "a node back, empty: no process, its /tmp and /dev/shm emptied, its links up"}
+
+
+def fault_command(args) -> int:
+    code = _inside(args)
+    if code is not None:
+        return code
+    try:
+        vc = _attach(args)
+        node = args.node
+        vc.check_node(node)
+        name = f"vcluster {vc.name}: node {node} ({vc.hostnames[node]})"
+        if args.vcluster_command == "kill":
+            print(f"{name} killed: {len(vc.kill_node(node))} processes")
+        elif args.vcluster_command == "partition":
+            vc.partition(node)
+            print(f"{name} cut off: its links are down (`workbench vcluster heal {vc.name} --node {node}`)")
+        elif args.vcluster_command == "heal":
+            vc.heal(node)
+            print(f"{name} healed: its links are up")
+        else:
+            done = vc.restore(node)
+            print(f"{name} restored, empty: {done['processes']} processes killed, {done['files']} entries of "
+                  "/tmp and /dev/shm removed, links up")
+    except _errors() as exc:
+        return _fail(args.vcluster_command, exc)
+    return 0
 
 
 def _fail(command: str, exc: Exception) -> int:

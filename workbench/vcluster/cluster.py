@@ -222,7 +222,7 @@ class VirtualCluster:
     def enter(self, node: int, cwd: str | os.PathLike | None = None) -> list[str]:
         """The argv prefix that runs a command on ``node`` (in its namespaces, in ``cwd`` when the node
         sees it, else ``/``)."""
-        self._check_node(node)
+        self.check_node(node)
         self._not_held("enter a node")
         cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
         wd = cwd if self.visible(cwd) else "/"
@@ -241,7 +241,8 @@ class VirtualCluster:
             raise VirtualClusterError(f"vcluster {self.name} lives in a user namespace; to {what}, use the CLI, which "
                                       f"runs inside it: workbench vcluster exec|mpiexec|status {self.name} ...")
 
-    def _check_node(self, node) -> None:
+    def check_node(self, node) -> None:
+        """A one-line PlanError unless ``node`` is one of this cluster's node indices."""
         if not isinstance(node, int) or isinstance(node, bool) or not 0 <= node < self.nodes:
             raise PlanError(f"node: must be 0..{self.nodes - 1} on vcluster {self.name}; got {node!r}")
 
@@ -341,10 +342,33 @@ exec {nsenter} --uts={ns}/head.uts --mount={ns}/head.mnt --wd="$PWD" -- {real} "
 """)
                 wrapper.chmod(0o755)
 
-    # -- faults -----------------------------------------------------------------------------
+    # -- faults (Jepsen's nemesis for the virtual cluster: `workbench vcluster kill|partition|heal|restore`) --
+    def partition(self, node: int) -> None:
+        """Cut node ``node`` off: every link of it down, nothing reaches it or leaves it; its processes run on."""
+        self.set_link(node, False)
+
+    def heal(self, node: int) -> None:
+        """Node ``node``'s links up again (and its routes through them)."""
+        self.set_link(node, True)
+
+    def restore(self, node: int) -> dict:
+        """Node ``node`` back, empty, as after a reboot: its processes killed, its own ``/tmp`` and
+        ``/dev/shm`` emptied (what the cluster exposes there, such as the shared folder, is left alone) and
+        its SysV IPC removed, its links up. Returns what went: ``{"processes": n, "files": n}``."""
+        self.check_node(node)
+        killed = self.kill_node(node)
+        keep = " ".join(f"'{p}'" for p in wiring.exposed_paths(self.plan))
+        # an entry of /tmp or /dev/shm goes unless it is, or leads to, an exposed path (a bind mount of the host's)
+        script = (f"n=0; for e in /tmp/* /tmp/.[!.]* /dev/shm/* /dev/shm/.[!.]*; do [ -e \"$e\" ] || continue; "
+                  f"for k in {keep} ''; do case \"$k/\" in \"$e\"/*) continue 2;; esac; done; "
+                  "rm -rf --one-file-system \"$e\" && n=$((n+1)); done; ipcrm -a 2>/dev/null; echo $n")
+        done = self.exec(node, ["sh", "-c", script], timeout=60)
+        self.heal(node)
+        return {"processes": len(killed), "files": int(done.stdout.split()[-1]) if done.stdout.split() else 0}
+
     def set_link(self, node: int, up: bool) -> None:
         """Take node ``node``'s links down (a partition: nothing reaches it or leaves it) or up again."""
-        self._check_node(node)
+        self.check_node(node)
         devices = ["eth0"] + [c.device(node) for c in self.plan.cables if node in (c.a, c.b)]
         tools.ip_batch([f"link set dev {d} {'up' if up else 'down'}" for d in devices],
                         f"vcluster {self.name}: set node {node}'s links {'up' if up else 'down'}",
@@ -355,8 +379,10 @@ exec {nsenter} --uts={ns}/head.uts --mount={ns}/head.mnt --wd="$PWD" -- {real} "
                             netns=self.plan.netns(node))
 
     def kill_node(self, node: int) -> list[int]:
-        """SIGKILL every process on ``node`` (a node that crashed; its namespaces stay)."""
+        """SIGKILL every process on ``node`` at once (a node that crashed; its namespaces, files and links
+        stay: :meth:`restore` brings it back empty). Returns their pids."""
         import signal
+        self.check_node(node)
         pids = self.processes(node)
         for pid in pids:
             try:
