@@ -103,13 +103,13 @@ def test_the_design_facade_still_works():
 LONG_MODULES: dict[str, str] = {
     "workbench/config.py": "RunConfig: every option is declared once, here (docs/architecture.md, \"How to add an "
                            "option\"); the periodic-averaging family's eleven options (issue 25) took it to about 430 "
-                           "lines; the algorithms' own checks went to their definitions (issue 43): 442, 200 of them declarations; to split next: ignored_options/without_ignored and "
+                           "lines; the algorithms' own checks went to their definitions (issue 43); max_restarts came in (issue 46): 439, 200 of them declarations; to split next: ignored_options/without_ignored and "
                            "the cross-field checks into a module of their own",
     "workbench/runtime/client/cluster.py": "wb.Cluster: one class owns the engines' whole lifecycle (start, health, "
                                            "restart, stop) for local, Slurm and virtual-cluster engines; the Slurm "
                                            "watch went to launch/slurm.py and the ipyparallel set-up to ipp_setup.py "
                                            "(issue 22), the virtual cluster's health (heartbeats, failed nodes) came "
-                                           "in; the cluster record went to records.py (issue 23): 443 lines; to split "
+                                           "in; the cluster record went to records.py (issue 23); the private network, Unix sockets and reachable address (issue 45): 475 lines; to split "
                                            "next: the engines' health (dead ranks, exits, lost, failed nodes)",
 }
 

@@ -67,7 +67,8 @@ def test_every_master_is_on_the_one_loop_counting_arrivals():
 
 
 def _master(tmp_path, checkpoint_every=20):
-    """A master on a stand-in context (no MPI): the spans it opens are recorded."""
+    """A master on a stand-in context (no MPI): the spans it opens, the live channel's flushes and the metric
+    records it makes are recorded, in order."""
     cfg = RunConfig(algorithm="async-easgd", ranks=3, checkpoint_every=checkpoint_every)
     spans = []
 
@@ -77,7 +78,8 @@ def _master(tmp_path, checkpoint_every=20):
         yield
 
     ctx = SimpleNamespace(cfg=cfg, flat=SimpleNamespace(data=torch.arange(4.0)), data=SimpleNamespace(train_samples=64),
-                          rank=0, size=3, out_dir=tmp_path, span=span)
+                          rank=0, size=3, out_dir=tmp_path, span=span, flush=lambda: spans.append(("flush",)),
+                          add_metric=lambda record: spans.append(("metric", record)), now=lambda: 1.5)
     return Master(ctx), spans
 
 
@@ -88,16 +90,18 @@ def test_a_masters_checkpoint_is_the_loops_and_one_from_before_still_loads(tmp_p
     master.velocity.fill_(0.5)
     for n in (19, 20, 21):
         master.save_checkpoint(n)
-    assert spans == [("checkpoint", "io", {"arrivals": 20})]
+    # the records up to a checkpoint are sent before it is written (a restart from it loses none)
+    assert spans == [("flush",), ("checkpoint", "io", {"arrivals": 20})]
     saved = torch.load(tmp_path / "checkpoint" / "async" / "rank0.pt", weights_only=True)
     assert list(saved) == ["arrivals", "state", "velocity", "ranks"] and saved["arrivals"] == 20
     assert torch.equal(saved["state"], torch.full((4,), 3.0)) and torch.equal(saved["velocity"], torch.full((4,), 0.5))
     # a master's checkpoint as the master wrote it before it was on the loop: the same keys
     old = tmp_path / "old"
     checkpoint.save_own(old, 0, 3, {"arrivals": 40, "state": torch.full((4,), 7.0), "velocity": torch.ones(4)})
-    resumed, _ = _master(tmp_path / "new")
+    resumed, said = _master(tmp_path / "new")
     resumed.loop = lambda: None  # the serving needs MPI; the resume and the weights returned are the loop's
     assert torch.equal(resumed.run(old), torch.full((4,), 7.0))
+    assert said == [("metric", {"kind": "resume", "rank": 0, "arrivals": 40, "t": 1.5})]  # where it went on
     assert torch.equal(resumed.velocity, torch.ones(4)) and next(resumed.arrivals) == 41
 
 

@@ -450,6 +450,34 @@ def test_a_nodes_processes_killed_are_named_with_rank_and_node(vc4):
     _next_job_runs(vc4)
 
 
+def test_a_run_comes_back_from_a_killed_node_with_max_restarts(vc4, tmp_path):
+    """Issue 46: a node crashes mid-run (every process on it killed); `--max-restarts 1` starts the job again on
+    the same nodes from the newest checkpoint, and the run finishes as one run that names the fault."""
+    run_dir = Path(vc4.shared) / f"elastic-{os.getpid()}"
+    cli = subprocess.Popen([sys.executable, "-m", "workbench.cli", "train", "--algorithm", "sync-sgd", "--ranks", "4",
+                            "--vcluster", vc4.name, "--epochs", "60", "--checkpoint-every", "50", "--max-restarts", "1",
+                            "--out", str(run_dir), "--store", str(tmp_path / "store.sqlite"), "--no-progress"],
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        live, deadline = run_dir / "live" / "rank2.jsonl", time.monotonic() + 180
+        while time.monotonic() < deadline and cli.poll() is None and not (
+                live.exists() and any(r.get("step", 0) >= 60 for line in live.read_text().splitlines()
+                                      for r in json.loads(line).get("metrics", ()))):
+            time.sleep(0.1)
+        assert cli.poll() is None, "the run ended before the fault"
+        assert vc4.kill_node(2), "nothing ran on node 2"
+        _, err = cli.communicate(timeout=300)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+    assert cli.returncode == 0, err[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    [fault] = summary["restarts"]
+    assert fault["rank"] == 2 and f"node {vc4.name}-2" in fault["cause"] and fault["resumed_from_step"] >= 50, fault
+    assert summary["incarnations"] == 2 and "fault 1 of at most 1: rank 2 on node" in err
+    assert _nothing_runs(vc4) == []
+
+
 def test_a_nodes_launcher_process_killed_ends_its_ranks_and_is_named(vc4):
     """Hydra's proxy on node 2 killed while its rank lives: the rank's guard ends the rank, and the
     job fails naming the node and the process, instead of running on to its timeout."""

@@ -215,6 +215,8 @@ class RunConfig:
                                 "on as many rows as the test set holds, or each tenth of the run if sooner",
                              check=integer_check(0), type=int)
     checkpoint_every: int = option(0, "checkpoint every N steps (0: never)", check=integer_check(0), type=int)
+    max_restarts: int = option(0, "a failed run starts again from its newest checkpoint, up to N times, as one run "
+                                  "(needs --checkpoint-every)", check=integer_check(0), type=int, metavar="N")
     telemetry: bool = option(True, "record spans for the timeline (--no-telemetry: counters only)", check=boolean_check)
     synthetic_samples: int = option(4000, "samples of the synthetic dataset", check=integer_check(20), flag=None)
     subset: int | None = option(None, "keep only the first N rows of each split of the data set (default: all; a "
@@ -233,6 +235,9 @@ class RunConfig:
                 declared.check(name, getattr(self, name))
         if single_buffer is not None:
             self._single_buffer(single_buffer)
+        if self.max_restarts and not self.checkpoint_every:
+            raise ConfigError(f"max_restarts: a restart continues from the run's newest checkpoint, and this run writes "
+                              f"none; set checkpoint_every (--checkpoint-every K) as well")
         spec = self.spec
         if spec.master_based and self.ranks < 2:  # before anything divides by the workers
             raise ConfigError(f"ranks must be >= 2 for {self.algorithm} (rank 0 is the master)")

@@ -101,13 +101,19 @@ class Trainer:
             ctx.communicator.send_empty(0, TAG_DONE)
 
     def _resume(self, resume_dir) -> None:
+        """Take back this rank's part of ``resume_dir``'s newest checkpoint, and say where it goes on: a
+        ``resume`` record with the count (:attr:`unit`) it continues after, 0 for a rank that had not reached
+        its first checkpoint (it starts afresh). Whoever follows the run drops what this rank recorded after
+        that point in the incarnation that failed (:class:`~workbench.runtime.client.batch_run.BatchRun`)."""
         ctx = self.ctx
         if self.lockstep:  # every rank's part of the same step
-            self.restore(checkpoint.load(resume_dir, ctx.rank, ctx.size))
-            return
-        state = checkpoint.load_own(resume_dir, ctx.rank, ctx.size)
-        if state is not None:  # a rank that had not reached its first checkpoint starts afresh
+            state = checkpoint.load(resume_dir, ctx.rank, ctx.size)
+        else:
+            state = checkpoint.load_own(resume_dir, ctx.rank, ctx.size)
+        if state is not None:
             self.restore(state)
+        ctx.add_metric({"kind": "resume", "rank": ctx.rank, self.unit: state.get(self.unit, 0) if state is not None else 0,
+                        "t": ctx.now()})
 
     def save_checkpoint(self, n: int) -> None:
         """After ``n`` (steps; a master: arrivals), when ``checkpoint_every`` divides it (``n > 0``, a run
@@ -116,6 +122,7 @@ class Trainer:
         ctx, every = self.ctx, self.ctx.cfg.checkpoint_every
         if not (every and n and n % every == 0 and ctx.out_dir is not None):
             return
+        ctx.flush()  # the records up to the checkpoint are out before it: a restart from it loses none
         with self.checkpoint_lock, ctx.span("checkpoint", "io", **{self.unit: n}):
             if self.lockstep:
                 checkpoint.save(ctx.out_dir, n, self.state(n), ctx.comm)

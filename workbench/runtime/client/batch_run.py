@@ -11,11 +11,14 @@ No MPI in this process.
 """
 from __future__ import annotations
 
+import json
+import sys
 import time
 from pathlib import Path
 
 from ...config import RunConfig
 from ...results import RunResult
+from ..live import LIVE_FOLDER, records_in
 from ..launch.signals import deferred_signals, signals_ignored
 from .handle import RunHandle, expected_steps
 
@@ -36,11 +39,26 @@ class BatchRun(RunHandle):
             total = None
         super().__init__(run_id, cfg.to_dict(), Path(run_dir).resolve(), store, total)
         self.cfg, self.resumed_from, self.show_progress, self.launch = cfg, resumed_from, progress, launch
+        #: the faults this run came back from (``max_restarts``): one dict each, also in summary.json's ``restarts``
+        self.restarts: list[dict] = []
+        self._earlier: list[dict] = []  # records of the incarnations that failed, up to where the next went on
+        self._since = 0  # records received before the newest incarnation began
+        self._restarted_at: float | None = None  # when the newest restart was launched, until its ranks are back
 
     def _on_messages(self, messages: list[dict]) -> None:
         """A consumer of :func:`~workbench.runtime.live.following`: the new messages received, their
-        records stored."""
+        records stored; after a restart, each rank's ``resume`` record cuts what it had recorded after its
+        checkpoint in the incarnation that failed, and the ranks' plans say when they are back."""
         self.receive(messages)
+        if self.restarts:
+            for record in records_in(messages)[0]:
+                if record.get("kind") == "resume":
+                    unit = "arrivals" if "arrivals" in record else "step"
+                    self._earlier = [r for r in self._earlier if r.get("rank") != record["rank"]
+                                     or r.get(unit, -1) < record[unit] or r.get("kind") == "resume"]
+            if self._restarted_at is not None and any("plan" in m for m in messages):
+                self.restarts[-1]["recovery_seconds"] = round(time.time() - self.restarts[-1]["detected"], 3)
+                self._restarted_at = None
         self._store_records()
 
     def run(self) -> RunResult:
@@ -53,7 +71,6 @@ class BatchRun(RunHandle):
         this run (``cancelled``, or ``finished`` if it ended before the signal took effect), else
         ``cancelled`` with the signal as its error; never left ``running``. The exception goes on with
         ``recorded_status`` set. Store writes are not cut short by a signal."""
-        from ..launch.batch import train
         from ..live import ProgressBar
         started = time.time()
         bar = ProgressBar(f"{self.run_id} ({self.cfg.algorithm})") if self.show_progress else None
@@ -61,7 +78,7 @@ class BatchRun(RunHandle):
             with deferred_signals():
                 self._record_start(resumed_from=self.resumed_from)
             try:
-                train(self.cfg, self.run_dir, watch=[self._on_messages, *([bar] if bar else [])], **self.launch)
+                self._incarnations([self._on_messages, *([bar] if bar else [])])
             finally:
                 if bar is not None:
                     bar.close()
@@ -81,6 +98,65 @@ class BatchRun(RunHandle):
                 self.failed_rank = ranks[0] if ranks else None
                 self._failed(str(exc))
             raise
+
+    def _incarnations(self, watch: list) -> None:
+        """The run's ranks, started again from the newest checkpoint after each failure while ``max_restarts``
+        allows (one line on stderr a fault); then the earlier incarnations' records, up to where each rank
+        went on, and the restarts written into the run's files. Raises the last failure when none is left."""
+        from ..launch.batch import train
+        from ..launch.blame import MPILaunchError
+        launch = dict(self.launch)
+        while True:
+            try:
+                train(self.cfg, self.run_dir, watch=watch, restart=bool(self.restarts), **launch)
+                break
+            except MPILaunchError as exc:
+                if len(self.restarts) >= self.cfg.max_restarts or not self._checkpointed():
+                    if self.restarts:  # every fault named, the last one first
+                        exc.args = (f"{exc}\n(the run had restarted {len(self.restarts)} times before: "
+                                    + "; ".join(f"fault {f['incarnation']}: {f['cause']}" for f in self.restarts)
+                                    + ")",)
+                    raise
+                self._restart(exc)
+                launch["resume"] = self.run_dir
+        if self.restarts:
+            self._write_incarnations()
+
+    def _checkpointed(self) -> bool:
+        folder = self.run_dir / "checkpoint"
+        return (folder / "async" if self.cfg.spec.master_based else folder / "latest.json").exists()
+
+    def _restart(self, exc) -> None:
+        """Note the fault ``exc`` (its rank, its cause, when) and keep the records so far for the merge."""
+        ranks = getattr(exc, "failed_ranks", None) or []
+        step = _checkpoint_step(self.run_dir)
+        fault = {"incarnation": len(self.restarts) + 1, "detected": time.time(), "rank": ranks[0] if ranks else None,
+                 "cause": str(exc).splitlines()[0] if str(exc) else type(exc).__name__, "resumed_from_step": step}
+        self.restarts.append(fault)
+        with self._lock:
+            self._earlier += self._records[self._since:]
+            self._since = len(self._records)
+        self._restarted_at = fault["detected"]
+        # the failed incarnation's live files kept aside: the next one's ranks start theirs afresh
+        live = self.run_dir / LIVE_FOLDER
+        if live.is_dir():
+            live.rename(self.run_dir / f"{LIVE_FOLDER}.{fault['incarnation']}")
+        print(f"workbench train: run {self.run_id}: fault {fault['incarnation']} of at most {self.cfg.max_restarts}: "
+              f"{fault['cause']}; restarting from its checkpoint"
+              + (f" at step {step}" if step is not None else "") + f" (incarnation {fault['incarnation'] + 1})",
+              file=sys.stderr, flush=True)
+
+    def _write_incarnations(self) -> None:
+        """metrics.jsonl begins with what the failed incarnations recorded before each rank went on, and
+        summary.json names the restarts (``restarts``, ``incarnations``)."""
+        metrics = self.run_dir / "metrics.jsonl"
+        kept = "".join(json.dumps(r) + "\n" for r in self._earlier)
+        metrics.write_text(kept + (metrics.read_text() if metrics.exists() else ""))
+        summary_path = self.run_dir / "summary.json"
+        if summary_path.exists():
+            summary = json.loads(summary_path.read_text())
+            summary.update(restarts=self.restarts, incarnations=len(self.restarts) + 1)
+            summary_path.write_text(json.dumps(summary, indent=1))
 
     def _failed(self, error: str, status: str = "failed") -> None:
         """The run ended without a result: ``status`` with ``error``, in the store too (its records kept)."""
@@ -107,3 +183,12 @@ class BatchRun(RunHandle):
             pass
         self._failed(str(exc) or "interrupted from the keyboard", status="cancelled")
         return "cancelled"
+
+
+def _checkpoint_step(run_dir: Path) -> int | None:
+    """The step of the newest complete lock-step checkpoint in ``run_dir`` (None: none, or a master-based
+    run's, whose ranks each keep their own)."""
+    try:
+        return json.loads((run_dir / "checkpoint" / "latest.json").read_text())["step"]
+    except (OSError, ValueError, KeyError):
+        return None

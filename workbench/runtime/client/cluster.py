@@ -462,6 +462,9 @@ class Cluster:
         if cfg.ranks > self.n:
             raise ConfigError(f"ranks: this cluster has {self.n} engines; ranks must be 1..{self.n}, "
                               f"got {cfg.ranks}")
+        if cfg.max_restarts:
+            raise ConfigError(f"max_restarts: a notebook's run does not restart yet; leave it out here, or run it with "
+                              f"`workbench train --max-restarts {cfg.max_restarts}`, which does")
         if self.active_run is not None and not self.active_run.done():
             raise RuntimeError(f"run {self.active_run.run_id} is still going: wait() or cancel() it first")
         self.start()

@@ -25,7 +25,8 @@ from ..rundir import CANCEL_FILE, make_run_dir, new_run_id, runs_root
 
 def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: str | os.PathLike | None = None,
           timeout: float = 1800, stream: bool = False, grace: float = 10.0, launcher: str | None = None,
-          srun_args: list[str] | tuple[str, ...] = (), vcluster=None, ppn: int = 1, watch=()) -> dict:
+          srun_args: list[str] | tuple[str, ...] = (), vcluster=None, ppn: int = 1, watch=(),
+          restart: bool = False) -> dict:
     """Run ``cfg`` under mpiexec and return its summary (also in ``run_dir/summary.json``).
 
     ``launcher``: ``"mpiexec"`` or ``"srun"`` (a job step of the current Slurm allocation, with
@@ -38,6 +39,9 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
     ``watch``: consumers of the ranks' live channel (:func:`workbench.runtime.live.following`: each
     called with the new messages about every second while the job runs, and once after it ends); the
     CLI's run handle (its store row) and its progress bar.
+
+    ``restart``: this is a restart of the run in ``run_dir`` itself (``resume`` is ``run_dir``): its folder,
+    which holds the run, is used again (:class:`~workbench.runtime.client.batch_run.BatchRun`, ``max_restarts``).
 
     ``resume``: a run directory with a checkpoint; the run continues from its newest complete
     checkpoint (bit for bit for the synchronous algorithms; each rank from its own newest state
@@ -52,7 +56,10 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
     :class:`~workbench.runtime.launch.signals.RunInterrupted` is raised once no process is left.
     """
     run_dir, options = _on_vcluster(cfg, run_dir, resume, vcluster, ppn) if vcluster is not None else (run_dir, {})
-    run_dir = make_run_dir(run_dir if run_dir is not None else runs_root() / new_run_id(cfg))
+    if restart:
+        run_dir = Path(run_dir)
+    else:
+        run_dir = make_run_dir(run_dir if run_dir is not None else runs_root() / new_run_id(cfg))
     (run_dir / "config.json").write_text(cfg.to_json())
     cancel_flag = run_dir / CANCEL_FILE  # the ranks' cooperative-cancel flag
     cancel_flag.unlink(missing_ok=True)  # left by an interrupted run that this one resumes

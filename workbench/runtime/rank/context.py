@@ -106,7 +106,7 @@ class Context:
 HELD = {"shard": (Shard, ("data", "worker_index", "batches", "steps", "steps_per_epoch", "base_lr", "epoch_of", "lr")),
         "replica": (Replica, ("model", "flat", "is_eval_point", "eval_interval")),
         "monitor": (Monitor, ("t0", "telemetry", "metrics", "observers", "cancelled", "steps_completed", "span", "now",
-                              "add_metric", "stop_requested")),
+                              "add_metric", "stop_requested", "flush")),
         "communicator": (Communicator, ("traffic", "count_message"))}
 for _part, (_kind, _names) in HELD.items():
     for _name in _names:

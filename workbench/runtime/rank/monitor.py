@@ -56,6 +56,13 @@ class Monitor:
         for obs in self.observers:
             obs.on_metric(record)
 
+    def flush(self) -> None:
+        """Send what the observers hold now (a live channel's pending records): before a checkpoint, so that
+        a run restarted from it has every record up to it (the channel sends at most every second)."""
+        for obs in self.observers:
+            if callable(getattr(obs, "flush", None)):
+                obs.flush()
+
     def stop_requested(self) -> bool:
         """Whether someone asked this run to stop (``cancel()`` writes ``<run_dir>/CANCEL``).
 
