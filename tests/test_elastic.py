@@ -17,11 +17,11 @@ import pytest
 from workbench.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
-#: long enough (5,280 steps, about 8 s of training on 2 ranks) to kill a rank in the middle, with a checkpoint
-#: every 2,000 steps: the rank is killed once its live file shows a step past the first checkpoint (a flush at
-#: most a second after it, far from the next), so that the failed incarnation did record steps the next one
-#: takes again, which the run must drop
-LONG = ["--algorithm", "sync-sgd", "--ranks", "2", "--epochs", "120", "--checkpoint-every", "2000", "--no-progress"]
+#: long enough (10,560 steps, 8-15 s of training on 2 ranks) to kill a rank in the middle, with a checkpoint
+#: every 5,000 steps: the rank is killed once its live file shows a step past the first checkpoint (the flush a
+#: second after the checkpoint's own, thousands of steps before the next), so that the failed incarnation did
+#: record steps the next one takes again, which the run must drop
+LONG = ["--algorithm", "sync-sgd", "--ranks", "2", "--epochs", "240", "--checkpoint-every", "5000", "--no-progress"]
 
 
 def _cli(tmp_path: Path, out: str, *options: str) -> list[str]:
@@ -63,10 +63,10 @@ def test_a_killed_rank_restarts_from_the_checkpoint_and_the_run_ends_as_if_never
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
-        while _steps_seen(run_dir, 1) < 2000 and time.monotonic() < deadline and cli.poll() is None:
+        while _steps_seen(run_dir, 1) < 5000 and time.monotonic() < deadline and cli.poll() is None:
             time.sleep(0.05)
         victim = _rank_process(psutil.Process(cli.pid), 1)
-        assert victim is not None and _steps_seen(run_dir, 1) >= 2000, "rank 1 was not found in the middle of the run"
+        assert victim is not None and _steps_seen(run_dir, 1) >= 5000, "rank 1 was not found in the middle of the run"
         victim.send_signal(signal.SIGKILL)
         out, err = cli.communicate(timeout=300)
     finally:
@@ -79,10 +79,10 @@ def test_a_killed_rank_restarts_from_the_checkpoint_and_the_run_ends_as_if_never
     [fault] = summary["restarts"]
     assert summary["incarnations"] == 2 and fault["rank"] == 1 and "signal 9" in fault["cause"]
     # the newest checkpoint before the kill (the live file is up to a second behind the rank), before the end
-    assert fault["resumed_from_step"] == 2000
+    assert fault["resumed_from_step"] == 5000
     failed = [json.loads(line) for path in sorted((run_dir / "live.1").glob("rank*.jsonl"))  # kept aside
               for line in path.read_text().splitlines()]
-    assert max(r["step"] for m in failed for r in m.get("metrics", ()) if r.get("kind") == "train") >= 2000
+    assert max(r["step"] for m in failed for r in m.get("metrics", ()) if r.get("kind") == "train") >= 5000
     assert 0 < fault["recovery_seconds"] < 120
     # the same weights, bit for bit, as the run nobody killed: the restart lost nothing and repeated nothing
     assert summary["weights_checksum"] == expected["weights_checksum"]

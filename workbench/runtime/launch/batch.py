@@ -87,6 +87,10 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
             (run_dir / JOB_FOLDER).rmdir()  # the job's own files are gone with it
         except OSError:
             pass
+    if not (run_dir / "summary.json").exists():  # the launcher said all was well, but rank 0 never finished
+        raise MPILaunchError(f"the MPI job on {cfg.ranks} ranks ended without a summary: rank 0 wrote no "
+                             f"{run_dir / 'summary.json'} (a rank ended early without an error the launcher saw)",
+                             [], "")
     summary = json.loads((run_dir / "summary.json").read_text())
     summary["run_dir"] = str(run_dir)
     return summary

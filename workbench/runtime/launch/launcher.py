@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from . import slurm
-from .blame import MPILaunchError, MPIResult, collect_output, failed_ranks, failure, rank_records, tail
+from .blame import MPILaunchError, MPIResult, collect_output, ended_badly, failed_ranks, failure, rank_records, tail
 from .heartbeat import Listener, describe as describe_silent
 from .job import Job
 from ...mpilib import FLAVOURS, check_pairing, find_mpiexec, flavour_of, rank_library
@@ -175,7 +175,10 @@ class JobLauncher(Launcher):
             raise MPILaunchError(
                 f"MPI job on {nranks} ranks ran past its {timeout:g} s timeout and was killed: "
                 f"{' '.join(self.cmd)}\n{tail(result.output)}", failed_ranks(result), result.output)
-        if result.returncode != 0 or outcome == "abandoned":
+        # a launcher that exits 0 while a rank ended badly, or was ended by its guard when the launcher's
+        # process on its node died (seen with Open MPI's prterun after a prted was killed), failed all the same
+        broken = [e for e in self.ends if ended_badly(e) or e.get("launcher_died")]
+        if result.returncode != 0 or outcome == "abandoned" or broken:
             raise failure(nranks, result, self.starts, self.ends, abort_kills_all=self.abort_kills_all,
                           vanished=job.vanished, flavour=self.flavour, launcher_signals=self.stop_signals)
         return result
