@@ -178,13 +178,24 @@ def test_the_heads_mpiexec_listens_on_the_cluster_network_alone(vc4, tmp_path):
     backend = batch_launcher("mpiexec", 2, ["-c", "import time; time.sleep(6)"], cwd=ROOT, **options)
     backend.start()
     try:
+        launchers = ("mpiexec", "prterun")
+
+        def head():  # the launcher itself, not a child it forked to start a node's proxy (named as it is)
+            for p in psutil.Process().children(recursive=True):
+                try:
+                    if p.name().startswith(launchers) and not p.parent().name().startswith(launchers):
+                        return p
+                except psutil.Error:
+                    continue
+            return None
+
         deadline, hydra = time.monotonic() + 30, None
         while hydra is None and time.monotonic() < deadline:
-            hydra = next((p for p in psutil.Process().children(recursive=True)
-                          if p.name().startswith(("mpiexec", "prterun"))), None)
+            hydra = head()
             time.sleep(0.2)
         assert hydra is not None, "no mpiexec started"
         time.sleep(1.5)  # its proxies connected: it listens by now
+        assert head() is not None and head().pid == hydra.pid, "mpiexec ended before it could be looked at"
         launcher_net = os.stat(f"/var/run/netns/wbv-{vc4.name}-launch").st_ino
         assert os.stat(f"/proc/{hydra.pid}/ns/net").st_ino == launcher_net
         mine = _sockets_of(hydra.pid)
