@@ -180,10 +180,12 @@ def test_the_heads_mpiexec_listens_on_the_cluster_network_alone(vc4, tmp_path):
     try:
         launchers = ("mpiexec", "prterun")
 
-        def head():  # the launcher itself, not a child it forked to start a node's proxy (named as it is)
+        def head():  # this job's launcher itself: not a child it forked to start a node's proxy (named as it is),
+            # nor another test's (a notebook cluster's engines run under an mpiexec of this process too)
             for p in psutil.Process().children(recursive=True):
                 try:
-                    if p.name().startswith(launchers) and not p.parent().name().startswith(launchers):
+                    if (p.name().startswith(launchers) and not p.parent().name().startswith(launchers)
+                            and "time.sleep(6)" in " ".join(p.cmdline())):
                         return p
                 except psutil.Error:
                     continue
