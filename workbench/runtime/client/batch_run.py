@@ -19,6 +19,7 @@ from pathlib import Path
 from ...config import RunConfig
 from ...results import RunResult
 from ..live import LIVE_FOLDER, records_in
+from ..rank.checkpoint import latest_step
 from ..launch.signals import deferred_signals, signals_ignored
 from .handle import RunHandle, expected_steps
 
@@ -129,7 +130,7 @@ class BatchRun(RunHandle):
     def _restart(self, exc) -> None:
         """Note the fault ``exc`` (its rank, its cause, when) and keep the records so far for the merge."""
         ranks = getattr(exc, "failed_ranks", None) or []
-        step = _checkpoint_step(self.run_dir)
+        step = None if self.cfg.spec.master_based else latest_step(self.run_dir)
         fault = {"incarnation": len(self.restarts) + 1, "detected": time.time(), "rank": ranks[0] if ranks else None,
                  "cause": str(exc).splitlines()[0] if str(exc) else type(exc).__name__, "resumed_from_step": step}
         self.restarts.append(fault)
@@ -184,11 +185,3 @@ class BatchRun(RunHandle):
         self._failed(str(exc) or "interrupted from the keyboard", status="cancelled")
         return "cancelled"
 
-
-def _checkpoint_step(run_dir: Path) -> int | None:
-    """The step of the newest complete lock-step checkpoint in ``run_dir`` (None: none, or a master-based
-    run's, whose ranks each keep their own)."""
-    try:
-        return json.loads((run_dir / "checkpoint" / "latest.json").read_text())["step"]
-    except (OSError, ValueError, KeyError):
-        return None
