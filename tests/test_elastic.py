@@ -104,7 +104,7 @@ def test_a_run_that_exhausts_its_restarts_ends_failed_with_every_fault_named(tmp
     assert done.returncode == 1, done.stderr[-3000:]
     assert [line.split(":")[2].strip() for line in done.stderr.splitlines() if " of at most 2: " in line] == \
         ["fault 1 of at most 2", "fault 2 of at most 2"], done.stderr[-3000:]
-    assert "restarting from its checkpoint at step 20 (incarnation 3)" in done.stderr
+    assert "restarting from its checkpoint at step 20 on 2 ranks (incarnation 3)" in done.stderr
     assert "(the run had restarted 2 times before: fault 1: rank 1 " in done.stderr
     stored = Store(tmp_path / "store.sqlite").load("run")
     assert stored.status == "failed" and "injected failure on rank 1 at step 25" in stored.error

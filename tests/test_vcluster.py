@@ -434,6 +434,13 @@ def test_faults_as_a_user_types_them_kill_partition_heal_restore(vc4):
         assert restored.returncode == 0 and "restored, empty" in restored.stdout, restored
         assert vc4.exec(node, ["ls", "/tmp", "/dev/shm"]).stdout.count("wbfault-mark") == 0
         assert keep.read_text() == "shared" and _reach(vc4, 0, node) == "reachable"
+        assert vc4.answering() == [0, 1, 2, 3]
+        crashed = fault("kill", vc4.name, "--node", str(node), "--down")
+        assert crashed.returncode == 0 and f"its links are down until `workbench vcluster restore {vc4.name} --node 3`" \
+            in crashed.stdout, crashed
+        assert vc4.answering() == [0, 1, 2] and _reach(vc4, 0, node) == "unreachable"
+        fault("restore", vc4.name, "--node", str(node))
+        assert vc4.answering() == [0, 1, 2, 3]
         bad = fault("kill", vc4.name, "--node", "9")
         assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "node: must be 0..3" in bad.stderr, bad
     finally:
@@ -467,10 +474,23 @@ def test_a_run_comes_back_from_a_killed_node_with_max_restarts(vc4, tmp_path):
     """Issue 46: a node crashes mid-run (every process on it killed); `--max-restarts 1` starts the job again on
     the same nodes from the newest checkpoint, and the run finishes as one run that names the fault."""
     run_dir = Path(vc4.shared) / f"elastic-{os.getpid()}"
-    cli = subprocess.Popen([sys.executable, "-m", "workbench.cli", "train", "--algorithm", "sync-sgd", "--ranks", "4",
-                            "--vcluster", vc4.name, "--epochs", "60", "--checkpoint-every", "50", "--max-restarts", "1",
-                            "--out", str(run_dir), "--store", str(tmp_path / "store.sqlite"), "--no-progress"],
-                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    done, _ = _train_killing(vc4, run_dir, tmp_path / "store.sqlite", 2, "--max-restarts", "1", down=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    [fault] = summary["restarts"]
+    assert fault["rank"] == 2 and f"node {vc4.name}-2" in fault["cause"] and fault["resumed_from_step"] >= 50, fault
+    assert summary["incarnations"] == 2 and "fault 1 of at most 1: rank 2 on node" in done.stderr
+    assert summary["world_sizes"] == [4, 4] and fault["nodes_lost"] == []
+    assert _nothing_runs(vc4) == []
+
+
+def _train_killing(vc, run_dir: Path, store: Path, node: int, *args: str, algorithm: str = "sync-sgd",
+                   down: bool = True) -> tuple[subprocess.CompletedProcess, float]:
+    """`workbench train` of ``algorithm`` on 4 ranks of ``vc`` with ``args``; node ``node`` crashed once rank 2
+    has passed step 60 (``down``: for good, until restored). The finished CLI and when the node went."""
+    cli = subprocess.Popen([*WORKBENCH, "train", "--algorithm", algorithm, "--ranks", "4", "--vcluster", vc.name,
+                            "--epochs", "60", "--checkpoint-every", "50", "--out", str(run_dir), "--store", str(store),
+                            "--no-progress", *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         live, deadline = run_dir / "live" / "rank2.jsonl", time.monotonic() + 180
         while time.monotonic() < deadline and cli.poll() is None and not (
@@ -478,17 +498,76 @@ def test_a_run_comes_back_from_a_killed_node_with_max_restarts(vc4, tmp_path):
                                       for r in json.loads(line).get("metrics", ()))):
             time.sleep(0.1)
         assert cli.poll() is None, "the run ended before the fault"
-        assert vc4.kill_node(2), "nothing ran on node 2"
-        _, err = cli.communicate(timeout=300)
+        assert vc.kill_node(node, down=down), f"nothing ran on node {node}"
+        killed = time.time()
+        out, err = cli.communicate(timeout=300)
     finally:
         if cli.poll() is None:
             cli.kill()
-    assert cli.returncode == 0, err[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    [fault] = summary["restarts"]
-    assert fault["rank"] == 2 and f"node {vc4.name}-2" in fault["cause"] and fault["resumed_from_step"] >= 50, fault
-    assert summary["incarnations"] == 2 and "fault 1 of at most 1: rank 2 on node" in err
-    assert _nothing_runs(vc4) == []
+    return subprocess.CompletedProcess(cli.args, cli.returncode, out, err), killed
+
+
+def test_a_run_goes_on_at_fewer_ranks_without_a_crashed_node_with_min_ranks(vc4, tmp_path):
+    """Issue 46: a node crashes for good mid-run (its processes killed, its links down until restored). With
+    `--min-ranks 3` the run starts again from its checkpoint on the 3 nodes that answer, deals the data to 3
+    ranks, takes the steps it planned, and finishes as one run naming the fault and each size; without
+    --min-ranks it fails, saying why it did not restart; nothing is left on any node."""
+    store = tmp_path / "store.sqlite"
+    try:
+        run_dir = Path(vc4.shared) / f"shrink-{os.getpid()}"
+        done, killed = _train_killing(vc4, run_dir, store, 2, "--max-restarts", "1", "--min-ranks", "3")
+        assert done.returncode == 0, done.stderr[-3000:]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        [fault] = summary["restarts"]
+        assert summary["world_sizes"] == [4, 3] and summary["incarnations"] == 2, summary
+        assert fault["nodes_lost"] == [f"{vc4.name}-2"] and fault["world_size"] == 3 and fault["rank"] == 2, fault
+        assert 0 < fault["recovery_seconds"] < 120 and fault["detected"] > killed, fault
+        assert f"on 3 ranks ({vc4.name}-2 left out: not answering)" in done.stderr
+        assert "it goes on at 3 ranks (4 before): the same steps" in done.stderr
+        records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        steps = sorted(r["step"] for r in records if r.get("kind") == "train" and r["rank"] == 0)
+        planned = json.loads((run_dir / "config.json").read_text())
+        assert planned["ranks"] == 4 and planned["min_ranks"] == 3  # the run as asked for
+        from workbench import data
+        from workbench.config import RunConfig
+        from workbench.summary import planned_steps
+        cfg = RunConfig.from_dict(planned)
+        at_four = planned_steps(data.describe(cfg.dataset, **cfg.data_sizes).train_samples, 4, cfg.batch_size,
+                                cfg.epochs, True)[0]
+        assert steps == list(range(at_four)) and summary["steps_per_worker"] == at_four, (len(steps), at_four, summary)
+        # rank 3 of the first incarnation trained up to the checkpoint; no rank 3 after it
+        last3 = max(r["step"] for r in records if r.get("kind") == "train" and r["rank"] == 3)
+        assert last3 < fault["resumed_from_step"] and summary["final_test_accuracy"] > 0.5, summary
+        assert _nothing_runs(vc4) == []
+        vc4.restore(2)
+        again = Path(vc4.shared) / f"noshrink-{os.getpid()}"
+        failed, _ = _train_killing(vc4, again, store, 1, "--max-restarts", "1")
+        assert failed.returncode != 0 and f"no restart: {vc4.name}-1 do not answer, and the 3 nodes left hold 3 ranks, " \
+            "fewer than the run's 4; --min-ranks M lets it go on with fewer" in failed.stderr, failed.stderr[-3000:]
+        assert _nothing_runs(vc4) == []
+    finally:
+        for node in (1, 2):
+            vc4.restore(node)
+
+
+def test_a_master_based_run_goes_on_with_a_worker_fewer_after_a_crashed_node(vc4, tmp_path):
+    """Issue 46, the master-based family: a worker's node crashes for good; with `--min-ranks 3` the run starts
+    again from each rank's own checkpoint with the master and the two workers whose nodes answer, and finishes."""
+    run_dir = Path(vc4.shared) / f"shrink-async-{os.getpid()}"
+    try:
+        done, _ = _train_killing(vc4, run_dir, tmp_path / "store.sqlite", 3, "--max-restarts", "1", "--min-ranks", "3",
+                                 algorithm="async-easgd")
+        assert done.returncode == 0, done.stderr[-3000:]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        [fault] = summary["restarts"]
+        assert summary["world_sizes"] == [4, 3] and fault["nodes_lost"] == [f"{vc4.name}-3"], summary
+        assert summary["final_test_accuracy"] > 0.5 and summary["workers"] == 2, summary
+        resumed = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        resumed = {r["rank"]: r for r in resumed if r.get("kind") == "resume"}
+        assert sorted(resumed) == [0, 1, 2] and resumed[0]["arrivals"] > 0 and resumed[1]["step"] > 0, resumed
+        assert _nothing_runs(vc4) == []
+    finally:
+        vc4.restore(3)
 
 
 def test_a_nodes_launcher_process_killed_ends_its_ranks_and_is_named(vc4):

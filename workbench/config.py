@@ -217,6 +217,15 @@ class RunConfig:
     checkpoint_every: int = option(0, "checkpoint every N steps (0: never)", check=integer_check(0), type=int)
     max_restarts: int = option(0, "a failed run starts again from its newest checkpoint, up to N times, as one run "
                                   "(needs --checkpoint-every)", check=integer_check(0), type=int, metavar="N")
+    min_ranks: int | None = option(None, "with --max-restarts: a restart after a lost node goes on with the ranks of "
+                                         "the nodes left, at least M, and grows back to --ranks as nodes return "
+                                         "(default: only at full size)",
+                                   check=lambda name, value: value is None or integer_check(1)(name, value),
+                                   type=int, metavar="M")
+    planned_ranks: int | None = option(None, "set by an elastic restart on fewer ranks than planned: the ranks the run "
+                                             "was planned on; its steps and epochs stay those of that size",
+                                       check=lambda name, value: value is None or integer_check(1)(name, value),
+                                       flag=None)
     telemetry: bool = option(True, "record spans for the timeline (--no-telemetry: counters only)", check=boolean_check)
     synthetic_samples: int = option(4000, "samples of the synthetic dataset", check=integer_check(20), flag=None)
     subset: int | None = option(None, "keep only the first N rows of each split of the data set (default: all; a "
@@ -241,6 +250,7 @@ class RunConfig:
         spec = self.spec
         if spec.master_based and self.ranks < 2:  # before anything divides by the workers
             raise ConfigError(f"ranks must be >= 2 for {self.algorithm} (rank 0 is the master)")
+        self._check_elastic()
         hyper = self.hyper
         if spec.elastic and self.workers * hyper.lr * hyper.rho >= 2:
             raise ConfigError(f"rho: p*lr*rho = {self.workers * hyper.lr * hyper.rho:.3g} must be < 2 "
@@ -256,6 +266,22 @@ class RunConfig:
         self._check_model_and_data()
         spec.check(self)  # the algorithm's own checks (its definition)
         self._check_failure()
+
+    def _check_elastic(self) -> None:
+        """``min_ranks`` against the ranks and the restarts; ``planned_ranks`` at least the ranks."""
+        planned = self.planned_ranks if self.planned_ranks is not None else self.ranks
+        if self.planned_ranks is not None and self.planned_ranks < self.ranks:
+            raise ConfigError(f"planned_ranks: {self.planned_ranks} is fewer than ranks {self.ranks}; an elastic "
+                              f"restart runs on at most the ranks it was planned on")
+        if self.min_ranks is None:
+            return
+        if not self.max_restarts:
+            raise ConfigError(f"min_ranks: {self.min_ranks} says how small a restart may go, and this run does not "
+                              f"restart; set max_restarts (--max-restarts N) as well, or leave min_ranks out")
+        if self.min_ranks > planned:
+            raise ConfigError(f"min_ranks: {self.min_ranks} is more than the run's {planned} ranks; give 1..{planned}")
+        if self.spec.master_based and self.min_ranks < 2:
+            raise ConfigError(f"min_ranks: {self.algorithm} needs a master and at least one worker: give 2..{planned}")
 
     def _single_buffer(self, single_buffer: bool) -> None:
         """The deprecated ``single_buffer`` keyword, said as ``fusion_bytes``."""

@@ -7,7 +7,8 @@
     workbench vcluster exec NAME --node I -- CMD...
     workbench vcluster mpiexec NAME -n R [--ppn K] -- CMD...
     workbench vcluster env NAME                    export lines for the head (SLURM_CONF with --slurm)
-    workbench vcluster kill NAME --node I          every process on node I dies at once (a crash)
+    workbench vcluster kill NAME --node I [--down] every process on node I dies at once (a crash; --down:
+                                                   its links too, until restore)
     workbench vcluster partition NAME --node I     node I cut off: its links down, its processes run on
     workbench vcluster heal NAME --node I          its links up again
     workbench vcluster restore NAME --node I       node I back, empty (no process, /tmp and /dev/shm emptied)
@@ -75,6 +76,9 @@ def add_to(sub) -> None:
         parser = cmds.add_parser(fault, help=text)
         parser.add_argument("name")
         parser.add_argument("--node", type=int, required=True, help="the node's index, 0..N-1")
+        if fault == "kill":
+            parser.add_argument("--down", action="store_true",
+                                help="its links go down too: a crashed machine, answering nothing until `restore`")
         parser.set_defaults(func=fault_command)
 
     down = cmds.add_parser("down", help="remove it (its shared folder stays)")
@@ -97,22 +101,37 @@ def fault_command(args) -> int:
         vc = _attach(args)
         node = args.node
         vc.check_node(node)
-        name = f"vcluster {vc.name}: node {node} ({vc.hostnames[node]})"
-        if args.vcluster_command == "kill":
-            print(f"{name} killed: {len(vc.kill_node(node))} processes")
-        elif args.vcluster_command == "partition":
-            vc.partition(node)
-            print(f"{name} cut off: its links are down (`workbench vcluster heal {vc.name} --node {node}`)")
-        elif args.vcluster_command == "heal":
-            vc.heal(node)
-            print(f"{name} healed: its links are up")
-        else:
-            done = vc.restore(node)
-            print(f"{name} restored, empty: {done['processes']} processes killed, {done['files']} entries of "
-                  "/tmp and /dev/shm removed, links up")
+        done = _FAULT_DONE[args.vcluster_command](vc, node, args)
+        print(f"vcluster {vc.name}: node {node} ({vc.hostnames[node]}) {done}")
     except _errors() as exc:
         return _fail(args.vcluster_command, exc)
     return 0
+
+
+def _killed(vc, node: int, args) -> str:
+    killed = len(vc.kill_node(node, down=args.down))
+    return f"killed: {killed} processes" + (f"; its links are down until `workbench vcluster restore {vc.name} --node "
+                                            f"{node}`" if args.down else "")
+
+
+def _cut_off(vc, node: int, args) -> str:
+    vc.partition(node)
+    return f"cut off: its links are down (`workbench vcluster heal {vc.name} --node {node}`)"
+
+
+def _healed(vc, node: int, args) -> str:
+    vc.heal(node)
+    return "healed: its links are up"
+
+
+def _restored(vc, node: int, args) -> str:
+    done = vc.restore(node)
+    return (f"restored, empty: {done['processes']} processes killed, {done['files']} entries of /tmp and /dev/shm "
+            "removed, links up")
+
+
+#: each fault's action on the cluster, returning what it says after the node's name
+_FAULT_DONE = {"kill": _killed, "partition": _cut_off, "heal": _healed, "restore": _restored}
 
 
 def _fail(command: str, exc: Exception) -> int:

@@ -168,7 +168,9 @@ class Master(Trainer):
 
     def _expected_arrivals(self) -> int:
         cfg = self.ctx.cfg
-        steps = planned_steps(self.ctx.data.train_samples, cfg.workers, cfg.batch_size, cfg.epochs)
+        # after an elastic restart on fewer ranks, over the workers the run was planned on (its schedule as planned)
+        workers = cfg.workers if cfg.planned_ranks is None else cfg.workers + cfg.planned_ranks - cfg.ranks
+        steps = planned_steps(self.ctx.data.train_samples, workers, cfg.batch_size, cfg.epochs)
         return sum(-(-s // cfg.tau) for s in steps)  # exchanges per worker: ceil(steps / tau)
 
     def final_weights(self) -> torch.Tensor:

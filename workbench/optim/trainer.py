@@ -107,9 +107,9 @@ class Trainer:
         that point in the incarnation that failed (:class:`~workbench.runtime.client.batch_run.BatchRun`)."""
         ctx = self.ctx
         if self.lockstep:  # every rank's part of the same step
-            state = checkpoint.load(resume_dir, ctx.rank, ctx.size)
+            state = checkpoint.load(resume_dir, ctx.rank, ctx.size, resize=ctx.cfg.min_ranks is not None)
         else:
-            state = checkpoint.load_own(resume_dir, ctx.rank, ctx.size)
+            state = checkpoint.load_own(resume_dir, ctx.rank, ctx.size, resize=ctx.cfg.min_ranks is not None)
         if state is not None:
             self.restore(state)
         ctx.add_metric({"kind": "resume", "rank": ctx.rank, self.unit: state.get(self.unit, 0) if state is not None else 0,

@@ -26,6 +26,7 @@ from ..mpilib import MPIFlavour
 from ..paths import state_dir
 from . import registry, tools, wiring
 from .plan import PREFIX, Plan, PlanError, format_rate
+from .faults import Faults
 from .wiring import VirtualClusterError
 
 #: the environment of MPI ranks on the nodes: MPICH's libfabric netmod with its TCP provider on the
@@ -39,7 +40,7 @@ MPI_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": 
            "GLOO_SOCKET_IFNAME": "eth0"}
 
 
-class VirtualCluster:
+class VirtualCluster(Faults):
     """A virtual cluster: ``nodes`` nodes on ``topology`` (``switch``, ``ring``, ``torus:RxC``,
     ``mesh:RxC``, ``fully_connected``), every link shaped to ``bandwidth`` (``"100mbit"``,
     ``"1gbit"``), ``latency`` added per link where the kernel has netem, ``slurm=True`` for a Slurm
@@ -247,23 +248,28 @@ class VirtualCluster:
             raise PlanError(f"node: must be 0..{self.nodes - 1} on vcluster {self.name}; got {node!r}")
 
     def mpiexec_args(self, nranks: int, ppn: int = 1, wdir: str | os.PathLike | None = None,
-                     flavour: MPIFlavour | None = None) -> list[str]:
-        """mpiexec arguments that place ``nranks`` ranks on the nodes, ``ppn`` per node in block order
-        (ranks 0..ppn-1 on node 0, ...), started through :attr:`standin`, in ``wdir`` (default: this
-        directory if the nodes see it, else the shared folder), in the words of the MPI library
-        ``flavour`` (default the one the launchers run: :func:`workbench.mpilib.flavour`)."""
+                     flavour: MPIFlavour | None = None, nodes: Sequence[int] | None = None) -> list[str]:
+        """mpiexec arguments that place ``nranks`` ranks on the nodes (``nodes``: those of them, in order;
+        default all), ``ppn`` per node in block order (ranks 0..ppn-1 on the first, ...), started through
+        :attr:`standin`, in ``wdir`` (default: this directory if the nodes see it, else the shared folder),
+        in the words of the MPI library ``flavour`` (default the one the launchers run:
+        :func:`workbench.mpilib.flavour`)."""
         from ..checks import integer
         integer("ranks", nranks, error=PlanError)
         integer("ppn", ppn, error=PlanError)
+        nodes = list(range(self.nodes)) if nodes is None else list(nodes)
+        for node in nodes:
+            self.check_node(node)
         needed = -(-nranks // ppn)
-        if needed > self.nodes:
+        if needed > len(nodes):
             raise PlanError(f"ppn: {nranks} ranks at {ppn} per node need {needed} nodes; vcluster {self.name} has "
-                            f"{self.nodes} (raise --ppn to at least {-(-nranks // self.nodes)})")
+                            f"{len(nodes)}" + (f" to use ({len(nodes)} of {self.nodes})" if len(nodes) < self.nodes
+                                               else "") + f" (raise --ppn to at least {-(-nranks // len(nodes))})")
         mpi = flavour or mpilib.flavour()
         wdir = os.fspath(wdir) if wdir is not None else os.getcwd()
         iface = "eth0" if self.launcher_network() else self.plan.bridge  # the launcher network's one cable
         return [*mpi.remote_args(str(self.standin), iface, str(self.plan.subnet)),
-                *mpi.hosts_args([self.plan.address(i) for i in range(needed)], ppn),
+                *mpi.hosts_args([self.plan.address(i) for i in nodes[:needed]], ppn),
                 *mpi.wdir_args(wdir if self.visible(wdir) else str(self.shared))]
 
     def launcher_network(self) -> list[str]:
@@ -284,16 +290,16 @@ class VirtualCluster:
                 "WORKBENCH_VCLUSTER": self.name}
 
     def run_options(self, nranks: int, ppn: int = 1, job_dir: str | os.PathLike | None = None,
-                    cwd: str | os.PathLike | None = None) -> dict:
+                    cwd: str | os.PathLike | None = None, nodes: Sequence[int] | None = None) -> dict:
         """Keyword arguments of :func:`~workbench.runtime.launch.launcher.run_mpi` that run its ranks on
-        the nodes: hosts and launcher, transport, the job's folder (``job_dir``, default the shared
-        folder's ``jobs/``: the nodes write there), the head address for the ranks' heartbeats and the
-        network mpiexec starts in (:meth:`launcher_network`)."""
+        the nodes (``nodes``: those of them; default all): hosts and launcher, transport, the job's folder
+        (``job_dir``, default the shared folder's ``jobs/``: the nodes write there), the head address for
+        the ranks' heartbeats and the network mpiexec starts in (:meth:`launcher_network`)."""
         job_dir = Path(job_dir) if job_dir is not None else self.shared / "jobs"
         if not self.visible(job_dir):
             raise PlanError(f"job_dir: {job_dir} is not seen by the nodes of vcluster {self.name} (they have "
                             f"their own /tmp and /dev/shm); use a folder under {self.shared} or outside /tmp")
-        return {"mpi_args": self.mpiexec_args(nranks, ppn, cwd), "env": self.mpi_env(), "job_dir": job_dir,
+        return {"mpi_args": self.mpiexec_args(nranks, ppn, cwd, nodes=nodes), "env": self.mpi_env(), "job_dir": job_dir,
                 "heartbeat": self.head_address, "network": self.launcher_network()}
 
     def slurm_env(self) -> dict[str, str]:
@@ -341,55 +347,6 @@ case "$(hostname)" in {p.name}-[0-9]*) exec {real} "$@";; esac
 exec {nsenter} --uts={ns}/head.uts --mount={ns}/head.mnt --wd="$PWD" -- {real} "$@"
 """)
                 wrapper.chmod(0o755)
-
-    # -- faults (Jepsen's nemesis for the virtual cluster: `workbench vcluster kill|partition|heal|restore`) --
-    def partition(self, node: int) -> None:
-        """Cut node ``node`` off: every link of it down, nothing reaches it or leaves it; its processes run on."""
-        self.set_link(node, False)
-
-    def heal(self, node: int) -> None:
-        """Node ``node``'s links up again (and its routes through them)."""
-        self.set_link(node, True)
-
-    def restore(self, node: int) -> dict:
-        """Node ``node`` back, empty, as after a reboot: its processes killed, its own ``/tmp`` and
-        ``/dev/shm`` emptied (what the cluster exposes there, such as the shared folder, is left alone) and
-        its SysV IPC removed, its links up. Returns what went: ``{"processes": n, "files": n}``."""
-        self.check_node(node)
-        killed = self.kill_node(node)
-        keep = " ".join(f"'{p}'" for p in wiring.exposed_paths(self.plan))
-        # an entry of /tmp or /dev/shm goes unless it is, or leads to, an exposed path (a bind mount of the host's)
-        script = (f"n=0; for e in /tmp/* /tmp/.[!.]* /dev/shm/* /dev/shm/.[!.]*; do [ -e \"$e\" ] || continue; "
-                  f"for k in {keep} ''; do case \"$k/\" in \"$e\"/*) continue 2;; esac; done; "
-                  "rm -rf --one-file-system \"$e\" && n=$((n+1)); done; ipcrm -a 2>/dev/null; echo $n")
-        done = self.exec(node, ["sh", "-c", script], timeout=60)
-        self.heal(node)
-        return {"processes": len(killed), "files": int(done.stdout.split()[-1]) if done.stdout.split() else 0}
-
-    def set_link(self, node: int, up: bool) -> None:
-        """Take node ``node``'s links down (a partition: nothing reaches it or leaves it) or up again."""
-        self.check_node(node)
-        devices = ["eth0"] + [c.device(node) for c in self.plan.cables if node in (c.a, c.b)]
-        tools.ip_batch([f"link set dev {d} {'up' if up else 'down'}" for d in devices],
-                        f"vcluster {self.name}: set node {node}'s links {'up' if up else 'down'}",
-                        netns=self.plan.netns(node))
-        if up and not self.plan.switched:  # routes through a cable vanish with it: put them back
-            tools.ip_batch([f"route replace {r.dst}/32 via {r.via} dev {r.device} onlink src {self.plan.address(node)}"
-                             for r in self.plan.routes(node)], f"vcluster {self.name}: restore node {node}'s routes",
-                            netns=self.plan.netns(node))
-
-    def kill_node(self, node: int) -> list[int]:
-        """SIGKILL every process on ``node`` at once (a node that crashed; its namespaces, files and links
-        stay: :meth:`restore` brings it back empty). Returns their pids."""
-        import signal
-        self.check_node(node)
-        pids = self.processes(node)
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        return pids
 
 
 def _me() -> dict:

@@ -246,9 +246,17 @@ def answers(plan: Plan, timeout: float = 10.0) -> list[str]:
     return problems
 
 
-def _refused(address: str) -> bool:
+def answering(plan: Plan, timeout: float = 2.0) -> list[int]:
+    """The nodes that answer the head now, in order (each asked at once, ``timeout`` s at most)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=min(32, plan.nodes)) as pool:
+        answered = list(pool.map(lambda i: _refused(plan.address(i), timeout), range(plan.nodes)))
+    return [i for i, yes in enumerate(answered) if yes]
+
+
+def _refused(address: str, timeout: float = 0.5) -> bool:
     with socket.socket() as s:
-        s.settimeout(0.5)
+        s.settimeout(timeout)
         try:
             s.connect((address, 9))
         except ConnectionRefusedError:

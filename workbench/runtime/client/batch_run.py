@@ -45,6 +45,7 @@ class BatchRun(RunHandle):
         self._earlier: list[dict] = []  # records of the incarnations that failed, up to where the next went on
         self._since = 0  # records received before the newest incarnation began
         self._restarted_at: float | None = None  # when the newest restart was launched, until its ranks are back
+        self._lost: list[str] = []  # the nodes the newest restart leaves out (not answering)
 
     def _on_messages(self, messages: list[dict]) -> None:
         """A consumer of :func:`~workbench.runtime.live.following`: the new messages received, their
@@ -102,24 +103,30 @@ class BatchRun(RunHandle):
 
     def _incarnations(self, watch: list) -> None:
         """The run's ranks, started again from the newest checkpoint after each failure while ``max_restarts``
-        allows (one line on stderr a fault); then the earlier incarnations' records, up to where each rank
-        went on, and the restarts written into the run's files. Raises the last failure when none is left."""
+        allows (one line on stderr a fault), on the nodes that answer (:meth:`_placement`); then the earlier
+        incarnations' records, up to where each rank went on, and the restarts written into the run's files.
+        Raises the last failure when none is left."""
         from ..launch.batch import train
         from ..launch.blame import MPILaunchError
-        launch = dict(self.launch)
-        while True:
-            try:
-                train(self.cfg, self.run_dir, watch=watch, restart=bool(self.restarts), **launch)
-                break
-            except MPILaunchError as exc:
-                if len(self.restarts) >= self.cfg.max_restarts or not self._checkpointed():
-                    if self.restarts:  # every fault named, the last one first
-                        exc.args = (f"{exc}\n(the run had restarted {len(self.restarts)} times before: "
-                                    + "; ".join(f"fault {f['incarnation']}: {f['cause']}" for f in self.restarts)
-                                    + ")",)
-                    raise
-                self._restart(exc)
-                launch["resume"] = self.run_dir
+        launch, cfg = dict(self.launch), self.cfg
+        try:
+            while True:
+                try:
+                    train(cfg, self.run_dir, watch=watch, restart=bool(self.restarts), **launch)
+                    break
+                except MPILaunchError as exc:
+                    if len(self.restarts) >= self.cfg.max_restarts or not self._checkpointed():
+                        if self.restarts:  # every fault named, the last one first
+                            exc.args = (f"{exc}\n(the run had restarted {len(self.restarts)} times before: "
+                                        + "; ".join(f"fault {f['incarnation']}: {f['cause']}" for f in self.restarts)
+                                        + ")",)
+                        raise
+                    before, cfg = cfg, self._placement(exc, launch)
+                    self._restart(exc, before, cfg)
+                    launch["resume"] = self.run_dir
+        finally:
+            if cfg is not self.cfg:  # the run's folder says the run as it was asked for (its summary: each size)
+                (self.run_dir / "config.json").write_text(self.cfg.to_json())
         if self.restarts:
             self._write_incarnations()
 
@@ -127,12 +134,43 @@ class BatchRun(RunHandle):
         folder = self.run_dir / "checkpoint"
         return (folder / "async" if self.cfg.spec.master_based else folder / "latest.json").exists()
 
-    def _restart(self, exc) -> None:
-        """Note the fault ``exc`` (its rank, its cause, when) and keep the records so far for the merge."""
+    def _placement(self, exc, launch: dict) -> RunConfig:
+        """The next incarnation's configuration, its nodes put in ``launch``. On a virtual cluster, the nodes
+        that answer now, as many as the run's ranks need: a lost node is left out, one that is back is used
+        again, and a run short of nodes goes on at fewer ranks, down to ``min_ranks`` (``planned_ranks``: its
+        steps stay as planned). Elsewhere the run's own size (mpiexec on this machine: the machine is there).
+        Raises ``exc``, saying why, when too few ranks are left."""
+        import dataclasses
+        cfg, vcluster = self.cfg, launch.get("vcluster")
+        self._lost = []
+        if vcluster is None:
+            return cfg
+        from ...vcluster import VirtualCluster
+        vc = VirtualCluster.attach(vcluster) if isinstance(vcluster, str) else vcluster
+        ppn = launch.get("ppn", 1)
+        up = vc.answering()
+        launch["nodes"] = up[:-(-cfg.ranks // ppn)]
+        ranks = min(cfg.ranks, len(launch["nodes"]) * ppn)
+        self._lost = [vc.hostnames[i] for i in range(vc.nodes) if i not in up]
+        if ranks == cfg.ranks:
+            return cfg
+        floor = cfg.min_ranks if cfg.min_ranks is not None else cfg.ranks
+        if ranks < floor:
+            exc.args = (f"{exc}\n(no restart: {', '.join(self._lost) or 'no node'} do not answer, and the "
+                        f"{len(up)} nodes left hold {ranks} ranks, fewer than "
+                        + (f"min_ranks {floor})" if cfg.min_ranks is not None else
+                           f"the run's {floor}; --min-ranks M lets it go on with fewer)"),)
+            raise exc
+        return dataclasses.replace(cfg, ranks=ranks, planned_ranks=cfg.ranks)
+
+    def _restart(self, exc, before: RunConfig, cfg: RunConfig) -> None:
+        """Note the fault ``exc`` (its rank, its cause, when, the nodes lost, the size the run goes on at:
+        ``cfg`` after ``before``) and keep the records so far for the merge."""
         ranks = getattr(exc, "failed_ranks", None) or []
         step = None if self.cfg.spec.master_based else latest_step(self.run_dir)
         fault = {"incarnation": len(self.restarts) + 1, "detected": time.time(), "rank": ranks[0] if ranks else None,
-                 "cause": str(exc).splitlines()[0] if str(exc) else type(exc).__name__, "resumed_from_step": step}
+                 "cause": str(exc).splitlines()[0] if str(exc) else type(exc).__name__, "resumed_from_step": step,
+                 "nodes_lost": list(self._lost), "world_size": cfg.ranks}
         self.restarts.append(fault)
         with self._lock:
             self._earlier += self._records[self._since:]
@@ -144,19 +182,23 @@ class BatchRun(RunHandle):
             live.rename(self.run_dir / f"{LIVE_FOLDER}.{fault['incarnation']}")
         print(f"workbench train: run {self.run_id}: fault {fault['incarnation']} of at most {self.cfg.max_restarts}: "
               f"{fault['cause']}; restarting from its checkpoint"
-              + (f" at step {step}" if step is not None else "") + f" (incarnation {fault['incarnation'] + 1})",
-              file=sys.stderr, flush=True)
+              + (f" at step {step}" if step is not None else "") + f" on {cfg.ranks} ranks"
+              + (f" ({', '.join(fault['nodes_lost'])} left out: not answering)" if fault["nodes_lost"] else "")
+              + f" (incarnation {fault['incarnation'] + 1})", file=sys.stderr, flush=True)
+        if cfg.ranks != before.ranks:
+            print(f"workbench train: run {self.run_id}: {resized(before, cfg)}", file=sys.stderr, flush=True)
 
     def _write_incarnations(self) -> None:
         """metrics.jsonl begins with what the failed incarnations recorded before each rank went on, and
-        summary.json names the restarts (``restarts``, ``incarnations``)."""
+        summary.json names the restarts (``restarts``, ``incarnations``, ``world_sizes``)."""
         metrics = self.run_dir / "metrics.jsonl"
         kept = "".join(json.dumps(r) + "\n" for r in self._earlier)
         metrics.write_text(kept + (metrics.read_text() if metrics.exists() else ""))
         summary_path = self.run_dir / "summary.json"
         if summary_path.exists():
             summary = json.loads(summary_path.read_text())
-            summary.update(restarts=self.restarts, incarnations=len(self.restarts) + 1)
+            summary.update(restarts=self.restarts, incarnations=len(self.restarts) + 1,
+                           world_sizes=[self.cfg.ranks] + [f["world_size"] for f in self.restarts])
             summary_path.write_text(json.dumps(summary, indent=1))
 
     def _failed(self, error: str, status: str = "failed") -> None:
@@ -185,3 +227,16 @@ class BatchRun(RunHandle):
         self._failed(str(exc) or "interrupted from the keyboard", status="cancelled")
         return "cancelled"
 
+
+def resized(before: RunConfig, after: RunConfig) -> str:
+    """One line: how a run that goes on at ``after.ranks`` instead of ``before.ranks`` trains (what stays as
+    planned, what follows the size)."""
+    rows = lambda cfg: cfg.batch_size * cfg.workers  # noqa: E731 - the rows one step of every worker takes
+    hyper, was = after.hyper, before.hyper
+    line = (f"it goes on at {after.ranks} ranks ({before.ranks} before): the same steps and {after.batch_size} rows "
+            f"a worker a step, so a step takes {rows(after)} rows (was {rows(before)}) and the steps left see "
+            f"{after.workers}/{before.workers} of the rows they would have; an epoch counts the steps as planned; "
+            f"learning rate {hyper.lr:g} as planned")
+    if hyper.rho != was.rho:
+        line += f"; rho {was.rho:.4g} -> {hyper.rho:.4g} (beta = p*lr*rho stays {after.workers * hyper.lr * hyper.rho:.2g})"
+    return line

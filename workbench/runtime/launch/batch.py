@@ -25,14 +25,15 @@ from ..rundir import CANCEL_FILE, make_run_dir, new_run_id, runs_root
 
 def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: str | os.PathLike | None = None,
           timeout: float = 1800, stream: bool = False, grace: float = 10.0, launcher: str | None = None,
-          srun_args: list[str] | tuple[str, ...] = (), vcluster=None, ppn: int = 1, watch=(),
+          srun_args: list[str] | tuple[str, ...] = (), vcluster=None, ppn: int = 1, nodes=None, watch=(),
           restart: bool = False) -> dict:
     """Run ``cfg`` under mpiexec and return its summary (also in ``run_dir/summary.json``).
 
     ``launcher``: ``"mpiexec"`` or ``"srun"`` (a job step of the current Slurm allocation, with
     ``srun_args``); default: ``srun`` when ``SLURM_JOB_ID`` is set, else ``mpiexec``.
     ``vcluster``: a :class:`~workbench.vcluster.VirtualCluster` (or its name): the ranks run on its
-    nodes, ``ppn`` per node; the run directory must be one the nodes see (its shared folder, or
+    nodes (``nodes``: those of its node indices, in order; default all), ``ppn`` per node; the run
+    directory must be one the nodes see (its shared folder, or
     anywhere outside ``/tmp`` and ``/dev/shm``). The job's own files (each rank's output, how each
     rank ended) go into ``<run_dir>/job`` on every launcher, so ranks on other nodes can write them.
 
@@ -55,7 +56,7 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
     ``"cancelled": true``; a job still running ``grace`` seconds later is killed. Either way
     :class:`~workbench.runtime.launch.signals.RunInterrupted` is raised once no process is left.
     """
-    run_dir, options = _on_vcluster(cfg, run_dir, resume, vcluster, ppn) if vcluster is not None else (run_dir, {})
+    run_dir, options = _on_vcluster(cfg, run_dir, resume, vcluster, ppn, nodes) if vcluster is not None else (run_dir, {})
     if restart:
         run_dir = Path(run_dir)
     else:
@@ -96,14 +97,14 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
     return summary
 
 
-def _on_vcluster(cfg: RunConfig, run_dir, resume, vcluster, ppn: int) -> tuple[Path, dict]:
+def _on_vcluster(cfg: RunConfig, run_dir, resume, vcluster, ppn: int, nodes=None) -> tuple[Path, dict]:
     """The run directory (checked: the nodes of ``vcluster`` see it and ``resume``) and the options of
-    ``run_mpi`` that place the ranks on ``vcluster``, ``ppn`` per node."""
+    ``run_mpi`` that place the ranks on ``vcluster`` (on ``nodes``, default all), ``ppn`` per node."""
     from ...vcluster import VirtualCluster
     vcluster = VirtualCluster.attach(vcluster) if isinstance(vcluster, str) else vcluster
     run_dir = Path(run_dir if run_dir is not None else runs_folder(vcluster) / new_run_id(cfg))
     check_visible(vcluster, {"run_dir": run_dir, "resume": resume})
-    return run_dir, vcluster.run_options(cfg.ranks, ppn, job_dir=run_dir / JOB_FOLDER)
+    return run_dir, vcluster.run_options(cfg.ranks, ppn, job_dir=run_dir / JOB_FOLDER, nodes=nodes)
 
 
 def _node_failure(exc: RunInterrupted) -> MPILaunchError | None:

@@ -63,19 +63,24 @@ def latest_step(run_dir: Path) -> int | None:
     return json.loads(manifest.read_text())["step"]
 
 
-def load(run_dir: Path, rank: int, nranks: int) -> dict:
-    """This rank's state from the newest complete checkpoint of ``run_dir``."""
+def load(run_dir: Path, rank: int, nranks: int, resize: bool = False) -> dict:
+    """This rank's state from the newest complete checkpoint of ``run_dir``. ``resize``: an elastic restart
+    on another number of ranks (``RunConfig.min_ranks``) may load it; rank ``r`` takes the state of rank
+    ``r`` modulo the checkpoint's ranks (the lock-step family's states are the same on every rank, but
+    for what is each rank's own: a worker's EASGD weights, CSC's residual); ``"saved_ranks"`` says how many
+    ranks wrote it."""
     manifest = Path(run_dir) / "checkpoint" / "latest.json"
     if not manifest.exists():
         raise FileNotFoundError(f"--resume {run_dir}: no checkpoint/latest.json (was the run "
                                 f"started with checkpoint_every > 0?)")
     info = json.loads(manifest.read_text())
-    if info["ranks"] != nranks:
+    if info["ranks"] != nranks and not resize:
         raise ValueError(f"--resume {run_dir}: checkpoint has {info['ranks']} ranks, this run "
                          f"{nranks}")
     import torch
-    return torch.load(Path(run_dir) / "checkpoint" / f"step-{info['step']:06d}" / f"rank{rank}.pt",
-                      weights_only=True)
+    state = torch.load(Path(run_dir) / "checkpoint" / f"step-{info['step']:06d}" / f"rank{rank % info['ranks']}.pt",
+                       weights_only=True)
+    return {**state, "saved_ranks": info["ranks"]}
 
 
 def save_own(run_dir: Path, rank: int, nranks: int, state: dict) -> None:
@@ -87,18 +92,27 @@ def save_own(run_dir: Path, rank: int, nranks: int, state: dict) -> None:
         torch.save({**state, "ranks": nranks}, tmp)
 
 
-def load_own(run_dir: Path, rank: int, nranks: int) -> dict | None:
-    """This rank's own newest state, or None when it never saved one (it starts afresh)."""
+def load_own(run_dir: Path, rank: int, nranks: int, resize: bool = False) -> dict | None:
+    """This rank's own newest state, or None when it never saved one (it starts afresh). ``resize``: an
+    elastic restart on another number of ranks may load it (a rank beyond the ranks that saved takes a
+    worker's state: the worker ``1 + (rank - 1) % (saved - 1)``)."""
     folder = Path(run_dir) / "checkpoint" / "async"
     if not folder.is_dir():
         raise FileNotFoundError(f"--resume {run_dir}: no checkpoint/async/ (was the run started with "
                                 f"checkpoint_every > 0?)")
     path = folder / f"rank{rank}.pt"
-    if not path.exists():
-        return None
     import torch
+    if not path.exists():
+        if not resize or rank == 0:
+            return None
+        saved = [int(p.stem[4:]) for p in folder.glob("rank*.pt") if p.stem[4:].isdigit() and p.stem != "rank0"]
+        if not saved:
+            return None
+        path = folder / f"rank{1 + (rank - 1) % max(saved)}.pt"
+        if not path.exists():
+            return None
     state = torch.load(path, weights_only=True)
-    if state["ranks"] != nranks:
+    if state["ranks"] != nranks and not resize:
         raise ValueError(f"--resume {run_dir}: checkpoint has {state['ranks']} ranks, this run {nranks}")
     return state
 
@@ -110,7 +124,8 @@ RESUME_FIELDS = ("algorithm", "model", "dataset", "ranks")
 def check_resume(run_dir: str | os.PathLike, cfg: "RunConfig") -> None:
     """Refuse (:class:`~workbench.config.ConfigError`, one line) to resume ``cfg`` from
     ``run_dir`` unless it is a directory holding a checkpoint of the kind ``cfg``'s algorithm
-    writes, from a run with the same algorithm, model, dataset and rank count (read from its
+    writes, from a run with the same algorithm, model, dataset and rank count (any rank count when
+    ``cfg.min_ranks`` is set: an elastic run goes on at another size) (read from its
     ``config.json``, which must be there, and ``checkpoint/latest.json``). Reads JSON only: no
     torch, no MPI."""
     from ...config import ConfigError
@@ -127,7 +142,11 @@ def check_resume(run_dir: str | os.PathLike, cfg: "RunConfig") -> None:
         old = json.loads(config_file.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"resume: cannot read {config_file}: {exc}") from None
+    # an elastic run (min_ranks) goes on at another size: rank r takes the state of rank r modulo the saved ranks
+    elastic = cfg.min_ranks is not None
     for name in RESUME_FIELDS:
+        if name == "ranks" and elastic:
+            continue
         mine, theirs = getattr(cfg, name), old.get(name)
         if name == "dataset" and str(mine).endswith(".npz") and isinstance(theirs, str):
             same = os.path.realpath(mine) == os.path.realpath(theirs)
@@ -152,7 +171,7 @@ def check_resume(run_dir: str | os.PathLike, cfg: "RunConfig") -> None:
             ranks, step = info["ranks"], info["step"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"resume: cannot read {manifest}: {type(exc).__name__}: {exc}") from None
-        if ranks != cfg.ranks and not any(d.startswith("ranks ") for d in differ):
+        if ranks != cfg.ranks and not elastic and not any(d.startswith("ranks ") for d in differ):
             differ.append(f"ranks {ranks!r} (checkpoint) vs {cfg.ranks!r} (this run)")
     if differ:
         raise ConfigError(f"resume: {run_dir} is a checkpoint of another run: {'; '.join(differ)}")

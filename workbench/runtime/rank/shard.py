@@ -17,7 +17,7 @@ class Shard:
             the first worker of a synchronous run).
         batches: the shard's mini-batches (None on a master).
         steps_per_epoch: steps in one epoch (lock-step: as many as the smallest shard gives, on
-            every rank; 0 on a master).
+            every rank; 0 on a master); after an elastic restart on fewer ranks, as the run planned them.
         steps: steps this worker plans, ``steps_per_epoch * epochs`` (0 on a master).
         base_lr: the learning-rate schedule's start (``RunConfig.hyper.lr``, computed once).
     """
@@ -32,8 +32,12 @@ class Shard:
         self.batches, self.steps, self.steps_per_epoch = None, 0, 0
         if self.worker_index is not None:
             self.batches = data_mod.Batches(self.data, self.worker_index, cfg.workers, cfg.batch_size, cfg.seed)
-            planned = planned_steps(self.data.train_samples, cfg.workers, cfg.batch_size, 1, cfg.spec.synchronous)
-            self.steps_per_epoch = planned[self.worker_index]
+            # an elastic restart on fewer ranks (``planned_ranks``) keeps the run's steps and epochs as planned: a
+            # larger shard each, the same batch per rank, the same steps (its epochs count planned steps)
+            workers = cfg.workers if cfg.planned_ranks is None else cfg.workers + cfg.planned_ranks - cfg.ranks
+            index = min(self.worker_index, workers - 1)
+            planned = planned_steps(self.data.train_samples, workers, cfg.batch_size, 1, cfg.spec.synchronous)
+            self.steps_per_epoch = planned[index]
             self.steps = self.steps_per_epoch * cfg.epochs
 
     def epoch_of(self, step: int) -> float:
