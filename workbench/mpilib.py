@@ -104,6 +104,14 @@ class MPIFlavour:
         """Arguments that pass the variables ``names`` to ranks on other nodes (hydra passes every one)."""
         return []
 
+    def survivors_args(self) -> list[str] | None:
+        """mpiexec arguments with which a job goes on when one of its ranks dies, the others told of it (an
+        MPI call that involves the dead rank raises ``MPI_ERR_PROC_FAILED``: ULFM), or None where the library
+        has none that works. MPICH 5.0.2 (pip): none; hydra's ``-disable-auto-cleanup`` still ends the other
+        ranks 0.3 s after one is SIGKILLed, and ``MPIR_CVAR_ENABLE_FT=1`` fails an assertion in MPI_Init
+        (ch4_request.h:16), measured 2026-11-29. Intel MPI's hydra: not measured, taken as MPICH's."""
+        return None
+
     def output_args(self, output_dir: str) -> list[str]:
         """Each rank's output to ``output_dir/rank<R>.out`` and ``.err`` (hydra), or its lines tagged
         ``[1,R]<stdout>:`` (Open MPI), where no rank guard writes the files."""
@@ -180,6 +188,11 @@ class OpenMPI(MPIFlavour):
 
     #: prterun SIGTERMs every other rank itself (not through the rank guard's front)
     stop_signals = frozenset({15})
+
+    def survivors_args(self) -> list[str] | None:
+        """Open MPI 5 carries ULFM: ``--with-ft ulfm`` keeps the job going when a rank dies, and the ranks that
+        talk to it get ``MPI_ERR_PROC_FAILED`` (measured with 5.0.11: the others finish, exit code 0)."""
+        return ["--with-ft", "ulfm"]
 
     def output_args(self, output_dir: str) -> list[str]:
         return ["--output", "tag"]

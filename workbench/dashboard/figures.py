@@ -52,6 +52,28 @@ def loss_traces(history: pd.DataFrame, algorithm: str | None = None) -> list[dic
     traces.append(dict(type="scatter", x=evals["t"].astype(float).to_numpy(),
                        y=evals["test_accuracy"].astype(float).to_numpy(), mode="lines+markers",
                        name=accuracy_label(algorithm), line=dict(color="black", dash="dot"), yaxis="y2"))
+    return traces + fault_traces(history)
+
+
+#: the records that mark a fault on a run's clock: a restart's fault (``workbench train --max-restarts``) and
+#: a worker a master served on without (``lost``)
+FAULT_KINDS = {"fault": "fault: restarted", "lost": "worker lost: served on"}
+
+
+def fault_traces(history: pd.DataFrame) -> list[dict]:
+    """A marker at the top of the accuracy axis for each fault of the run (:data:`FAULT_KINDS`), its cause
+    on hover; none for a run without one."""
+    traces = []
+    for kind, name in FAULT_KINDS.items():
+        marks = history[history["kind"] == kind].sort_values("t")
+        if marks.empty:
+            continue
+        text = [str(r.get("cause") or f"rank {int(r['rank'])} lost after {int(r.get('arrivals') or 0)} arrivals")
+                for r in marks.to_dict("records")]
+        traces.append(dict(type="scatter", x=marks["t"].astype(float).to_numpy(), y=np.ones(len(marks)),
+                           mode="markers", name=name, yaxis="y2", hovertext=text, hoverinfo="text+x",
+                           marker=dict(symbol="x" if kind == "fault" else "triangle-down", size=12,
+                                       color=COLOURS["comm"])))
     return traces
 
 

@@ -37,6 +37,10 @@ from . import rules
 from .trainer import TAG_DONE, Trainer
 
 TAG_PUSH, TAG_REPLY = 11, 12
+#: the error classes of an MPI call that involved a process that failed (ULFM; where the library has it)
+#: (a library without it maps them to MPI_ERR_UNKNOWN, which says nothing of a failed process)
+PROC_FAILED = {getattr(MPI, name) for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING")
+               if getattr(MPI, name, MPI.ERR_UNKNOWN) != MPI.ERR_UNKNOWN}
 
 
 # -- workers --------------------------------------------------------------------------------
@@ -165,6 +169,10 @@ class Master(Trainer):
         self.total_arrivals = self._expected_arrivals()
         self.eval_lock = threading.Lock()  # evaluation only; updates never take a lock
         self.checkpoint_lock = threading.Lock()  # one file writer at a time (hogwild threads)
+        #: the workers whose process failed while it served (``min_ranks``: it serves on without them)
+        self.lost: set[int] = set()
+        self.last_arrival = 0  # the newest arrival's number (a lost worker's record says it)
+        self._lost_lock = threading.Lock()
 
     def _expected_arrivals(self) -> int:
         cfg = self.ctx.cfg
@@ -208,7 +216,7 @@ class Master(Trainer):
         ctx, cfg = self.ctx, self.ctx.cfg
         with ctx.span("receive", "comm", source=source):
             ctx.communicator.recv(payload, source, TAG_PUSH)
-        n = next(self.arrivals)  # this arrival's number: the schedule follows the master's arrivals
+        n = self.last_arrival = next(self.arrivals)  # this arrival's number: the schedule follows the master's arrivals
         lr = scheduled_lr(ctx.base_lr, cfg.lr_schedule, n - 1, self.total_arrivals)
         with ctx.span("apply", "compute", source=source):
             self.apply(payload, reply, lr)
@@ -221,6 +229,33 @@ class Master(Trainer):
         """The master's loop body: it serves (:meth:`serve`) until every worker is done."""
         self.serve()
 
+    def workers_lost(self, exc: MPI.Exception) -> set[int]:
+        """After ``exc``, an MPI error while serving: the workers whose process failed, each recorded once (a
+        ``lost`` record with the arrivals so far), when the run serves on without them (``min_ranks`` set, the
+        library told of the failure: ULFM's ``MPI_ERR_PROC_FAILED``, and at least ``min_ranks`` ranks left).
+        Raises ``exc`` for any other error, and :class:`~workbench.runtime.rank.context.TrainingError` when
+        too few ranks are left."""
+        ctx = self.ctx
+        # a wait on several requests says MPI_ERR_IN_STATUS: whether a process failed, the failed group says
+        if ctx.cfg.min_ranks is None or not PROC_FAILED or exc.Get_error_class() not in {*PROC_FAILED, MPI.ERR_IN_STATUS}:
+            raise exc
+        with self._lost_lock:
+            ctx.comm.Ack_failed()
+            group = ctx.comm.Get_failed()
+            failed = set(MPI.Group.Translate_ranks(group, list(range(group.Get_size())), ctx.comm.Get_group()))
+            if not failed:
+                raise exc
+            for rank in sorted(failed - self.lost):
+                ctx.add_metric({"kind": "lost", "rank": rank, "t": ctx.now(), "arrivals": self.last_arrival})
+            self.lost |= failed
+        left = ctx.size - len(self.lost)
+        if left < ctx.cfg.min_ranks:
+            from ..runtime.rank.context import TrainingError
+            raise TrainingError(f"workers {', '.join(map(str, sorted(self.lost)))} failed: {left} ranks are left, "
+                                f"fewer than min_ranks {ctx.cfg.min_ranks}") from exc
+        return failed
+
+
     def serve(self) -> None:
         """Serve every worker until each has said it is done: one loop, one arrival at a time."""
         ctx, round_robin = self.ctx, self.round_robin
@@ -231,14 +266,18 @@ class Master(Trainer):
         while active:
             turn %= len(active)
             source = active[turn] if round_robin else MPI.ANY_SOURCE
-            with ctx.span("wait_for_worker", "wait"):
-                ctx.communicator.probe(source, status)
-            source = status.Get_source()
-            if status.Get_tag() == TAG_DONE:
-                ctx.communicator.recv_empty(source, TAG_DONE)
-                active.remove(source)  # the next worker slides into index `turn`
+            try:
+                with ctx.span("wait_for_worker", "wait"):
+                    ctx.communicator.probe(source, status)
+                source = status.Get_source()
+                if status.Get_tag() == TAG_DONE:
+                    ctx.communicator.recv_empty(source, TAG_DONE)
+                    active.remove(source)  # the next worker slides into index `turn`
+                    continue
+                self.serve_one(source, payload, reply)
+            except MPI.Exception as exc:  # a worker's process failed: serve on without it (or raise)
+                active = [w for w in active if w not in self.workers_lost(exc)]
                 continue
-            self.serve_one(source, payload, reply)
             turn += 1
 
 
@@ -259,13 +298,16 @@ class HogwildMaster(Master):
             payload, reply = torch.empty_like(self.weights), torch.empty_like(self.weights)
             status = MPI.Status()
             try:
-                while True:
-                    with ctx.span("wait_for_worker", "wait", worker=worker):
-                        ctx.communicator.probe(worker, status)
-                    if status.Get_tag() == TAG_DONE:
-                        ctx.communicator.recv_empty(worker, TAG_DONE)
-                        return
-                    self.serve_one(worker, payload, reply)  # no lock around the update
+                while worker not in self.lost:
+                    try:
+                        with ctx.span("wait_for_worker", "wait", worker=worker):
+                            ctx.communicator.probe(worker, status)
+                        if status.Get_tag() == TAG_DONE:
+                            ctx.communicator.recv_empty(worker, TAG_DONE)
+                            return
+                        self.serve_one(worker, payload, reply)  # no lock around the update
+                    except MPI.Exception as exc:  # its process failed: this thread ends (or the error goes on)
+                        self.workers_lost(exc)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
                 errors.append(exc)
 

@@ -46,11 +46,14 @@ class BatchRun(RunHandle):
         self._since = 0  # records received before the newest incarnation began
         self._restarted_at: float | None = None  # when the newest restart was launched, until its ranks are back
         self._lost: list[str] = []  # the nodes the newest restart leaves out (not answering)
+        self._launched: list[float] = []  # when each incarnation was launched (this host's clock)
 
     def _on_messages(self, messages: list[dict]) -> None:
         """A consumer of :func:`~workbench.runtime.live.following`: the new messages received, their
         records stored; after a restart, each rank's ``resume`` record cuts what it had recorded after its
         checkpoint in the incarnation that failed, and the ranks' plans say when they are back."""
+        if self.restarts:  # on the run's clock: each incarnation's ranks count from their own start
+            shift(messages, self._offset())
         self.receive(messages)
         if self.restarts:
             for record in records_in(messages)[0]:
@@ -112,6 +115,7 @@ class BatchRun(RunHandle):
         try:
             while True:
                 try:
+                    self._launched.append(time.time())
                     train(cfg, self.run_dir, watch=watch, restart=bool(self.restarts), **launch)
                     break
                 except MPILaunchError as exc:
@@ -129,6 +133,11 @@ class BatchRun(RunHandle):
                 (self.run_dir / "config.json").write_text(self.cfg.to_json())
         if self.restarts:
             self._write_incarnations()
+
+    def _offset(self) -> float:
+        """Seconds from the first incarnation's launch to the newest one's: what puts the newest one's times
+        on the run's clock (its setup taken as long as the first one's)."""
+        return self._launched[-1] - self._launched[0] if self._launched else 0.0
 
     def _checkpointed(self) -> bool:
         folder = self.run_dir / "checkpoint"
@@ -175,6 +184,10 @@ class BatchRun(RunHandle):
         with self._lock:
             self._earlier += self._records[self._since:]
             self._since = len(self._records)
+            # the fault on the run's clock, for the loss curve and the timeline (metrics.jsonl, the store)
+            self._earlier.append({"kind": "fault", "t": round(fault["detected"] - self._launched[0], 3),
+                                  "rank": fault["rank"], "incarnation": fault["incarnation"], "cause": fault["cause"],
+                                  "nodes_lost": fault["nodes_lost"], "world_size": cfg.ranks})
         self._restarted_at = fault["detected"]
         # the failed incarnation's live files kept aside: the next one's ranks start theirs afresh
         live = self.run_dir / LIVE_FOLDER
@@ -193,7 +206,14 @@ class BatchRun(RunHandle):
         summary.json names the restarts (``restarts``, ``incarnations``, ``world_sizes``)."""
         metrics = self.run_dir / "metrics.jsonl"
         kept = "".join(json.dumps(r) + "\n" for r in self._earlier)
-        metrics.write_text(kept + (metrics.read_text() if metrics.exists() else ""))
+        newest = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+        shift([{"metrics": newest}], self._offset())  # rank 0 wrote them on the newest incarnation's clock
+        metrics.write_text(kept + "".join(json.dumps(r) + "\n" for r in newest))
+        trace_path = self.run_dir / "trace.json"
+        if trace_path.exists():
+            trace = json.loads(trace_path.read_text())
+            shift([{"spans": [e for e in trace.get("traceEvents", []) if "ts" in e]}], self._offset())
+            trace_path.write_text(json.dumps(trace))
         summary_path = self.run_dir / "summary.json"
         if summary_path.exists():
             summary = json.loads(summary_path.read_text())
@@ -237,6 +257,19 @@ def resized(before: RunConfig, after: RunConfig) -> str:
             f"a worker a step, so a step takes {rows(after)} rows (was {rows(before)}) and the steps left see "
             f"{after.workers}/{before.workers} of the rows they would have; an epoch counts the steps as planned; "
             f"learning rate {hyper.lr:g} as planned")
-    if hyper.rho != was.rho:
+    if after.spec.elastic and hyper.rho != was.rho:
         line += f"; rho {was.rho:.4g} -> {hyper.rho:.4g} (beta = p*lr*rho stays {after.workers * hyper.lr * hyper.rho:.2g})"
     return line
+
+
+def shift(messages: list[dict], seconds: float) -> None:
+    """Move the records' ``t`` (seconds) and the spans' ``ts`` (microseconds) of live-channel ``messages``
+    ``seconds`` later, in place."""
+    if not seconds:
+        return
+    for message in messages:
+        for record in message.get("metrics", ()):
+            if "t" in record:
+                record["t"] += seconds
+        for span in message.get("spans", ()):
+            span["ts"] += seconds * 1e6

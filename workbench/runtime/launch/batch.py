@@ -15,11 +15,11 @@ from pathlib import Path
 
 from ...config import RunConfig
 from . import slurm
-from .blame import NOT_ONE_JOB, MPILaunchError
+from .blame import NOT_ONE_JOB, MPILaunchError, describe_end, who_is
 from .launcher import run_mpi
 from .mpiexec import default_launcher
 from .signals import RunInterrupted
-from ..live import following
+from ..live import LIVE_FOLDER, following, records_in
 from ..rundir import CANCEL_FILE, make_run_dir, new_run_id, runs_root
 
 
@@ -70,9 +70,10 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
     launcher = launcher or default_launcher()
     try:
         with following(run_dir, list(watch)) if watch else nullcontext():
-            run_mpi(cfg.ranks, args, timeout=timeout, stream=stream, grace=grace, launcher=launcher,
-                    srun_args=srun_args, **{"job_dir": run_dir / JOB_FOLDER, **options},
-                    on_interrupt=lambda: cancel_flag.write_text("cancelled by a signal to the launcher\n"))
+            result = run_mpi(cfg.ranks, args, timeout=timeout, stream=stream, grace=grace, launcher=launcher,
+                             srun_args=srun_args, **{"job_dir": run_dir / JOB_FOLDER, **options},
+                             on_interrupt=lambda: cancel_flag.write_text("cancelled by a signal to the launcher\n"),
+                             survive=survivors(cfg))
     except RunInterrupted as exc:
         failed = _node_failure(exc)
         if failed is None:
@@ -93,8 +94,34 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
                              f"{run_dir / 'summary.json'} (a rank ended early without an error the launcher saw)",
                              [], "")
     summary = json.loads((run_dir / "summary.json").read_text())
+    if result.survived:  # workers the master went on without: how each ended, as blame names a rank
+        summary["workers_lost"] = [{"rank": e.get("rank"), "node": e.get("host"),
+                                    "cause": f"{who_is(e.get('rank'), e.get('host'), e.get('pid'))} {describe_end(e)}"}
+                                   for e in result.survived]
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        _keep_records_of(run_dir, [e.get("rank") for e in result.survived])
     summary["run_dir"] = str(run_dir)
     return summary
+
+
+def _keep_records_of(run_dir: Path, ranks: list) -> None:
+    """Append to ``metrics.jsonl`` what the ``ranks`` lost mid-run recorded (their live files: rank 0 wrote
+    the others' records from their reports, which a lost rank never sent)."""
+    kept = []
+    for rank in ranks:
+        path = run_dir / LIVE_FOLDER / f"rank{rank}.jsonl"
+        if path.exists():
+            kept += records_in(json.loads(line) for line in path.read_text().splitlines() if line.strip())[0]
+    if kept:
+        with open(run_dir / "metrics.jsonl", "a") as f:
+            f.writelines(json.dumps(r) + "\n" for r in kept)
+
+
+def survivors(cfg: RunConfig) -> range:
+    """The ranks whose loss ``cfg``'s job goes on without, where the MPI library can: a master-based run with
+    ``min_ranks`` serves on without a lost worker (:class:`~workbench.optim.master.Master`), while at least
+    ``min_ranks`` ranks are left; none for the others (a lock-step collective needs every rank)."""
+    return range(1, cfg.ranks) if cfg.spec.master_based and cfg.min_ranks is not None else range(0)
 
 
 def _on_vcluster(cfg: RunConfig, run_dir, resume, vcluster, ppn: int, nodes=None) -> tuple[Path, dict]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...mpilib import Mpich
@@ -41,6 +41,8 @@ class MPIResult:
     returncode: int
     output: str  # everything, ranks' outputs each under a "--- rank R ---" header
     ranks: dict[int, str]
+    #: the end records of ranks the job went on without (``run_mpi(survive=...)``)
+    survived: list = field(default_factory=list)
 
     def lines_of(self, rank: int) -> list[str]:
         """Output lines of one rank."""

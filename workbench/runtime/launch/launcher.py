@@ -76,7 +76,9 @@ class JobLauncher(Launcher):
     its own folder (each rank's output, the guards' records) under ``job_dir`` (default this host's
     temporary folder; ranks on other nodes need one they see). ``heartbeat``: an address of this host
     the ranks' nodes reach; a rank silent for :data:`~.heartbeat.TIMEOUT` s ends the wait as ``lost``.
-    ``stream``: the output is also shown as it comes (the CLI)."""
+    ``stream``: the output is also shown as it comes (the CLI). ``survive``: ranks whose loss the job goes on
+    without (a master-based run's workers, ``min_ranks``), where the backend and its library can
+    (:attr:`survivable`)."""
 
     #: srun labels each line with its task; mpiexec's ranks' guards write per-rank files
     labelled_output = False
@@ -85,8 +87,9 @@ class JobLauncher(Launcher):
 
     def __init__(self, nranks: int, python_args: Sequence[str], *, env: dict[str, str] | None = None,
                  cwd: str | os.PathLike | None = None, stream: bool = False,
-                 job_dir: str | os.PathLike | None = None, heartbeat: str | None = None) -> None:
+                 job_dir: str | os.PathLike | None = None, heartbeat: str | None = None, survive=()) -> None:
         self.nranks, self.python_args = nranks, list(python_args)
+        self.survive = frozenset(survive)
         self.env, self.cwd, self.stream, self.heartbeat = dict(env or {}), cwd, stream, heartbeat
         self.job_dir = Path(job_dir) if job_dir is not None else None
         self.job: Job | None = None
@@ -97,6 +100,12 @@ class JobLauncher(Launcher):
         """The job's argv: its ranks' output in ``folder``, their guards' records in ``folder/ranks``,
         ``name`` the job's name (by which a batch system's part of it is found again)."""
         raise NotImplementedError
+
+    @property
+    def survivable(self) -> frozenset[int]:
+        """The ranks of :attr:`survive` whose loss this job goes on without: none unless the backend starts the
+        job so (:meth:`~workbench.mpilib.MPIFlavour.survivors_args`)."""
+        return frozenset()
 
     def start(self) -> None:
         if self.job_dir is not None:
@@ -178,6 +187,11 @@ class JobLauncher(Launcher):
         # a launcher that exits 0 while a rank ended badly, or was ended by its guard when the launcher's
         # process on its node died (seen with Open MPI's prterun after a prted was killed), failed all the same
         broken = [e for e in self.ends if ended_badly(e) or e.get("launcher_died")]
+        # a rank the job went on without (survive), in a job that then ended well, is a loss the run recorded
+        survived = [e for e in broken if e.get("rank") in self.survivable] \
+            if result.returncode == 0 and outcome == "exited" else []
+        broken = [e for e in broken if e not in survived]
+        result.survived = [{**self.starts.get(e["rank"], {}), **e} for e in survived]  # with its host and pid
         if result.returncode != 0 or outcome == "abandoned" or broken:
             raise failure(nranks, result, self.starts, self.ends, abort_kills_all=self.abort_kills_all,
                           vanished=job.vanished, flavour=self.flavour, launcher_signals=self.stop_signals)
@@ -200,9 +214,14 @@ class Mpiexec(JobLauncher):
         self.flavour = flavour_of(find_mpiexec())
         check_pairing(self.flavour)
 
+    @property
+    def survivable(self) -> frozenset[int]:
+        return self.survive if self.survive and self.flavour.survivors_args() else frozenset()
+
     def command(self, folder: Path, name: str) -> list[str]:
+        keep_going = self.flavour.survivors_args() if self.survivable else []
         return mpiexec_command(self.nranks, self.python_args, output_dir=folder, guard_dir=folder / "ranks",
-                               mpi_args=self.mpi_args, network=self.network)
+                               mpi_args=[*keep_going, *self.mpi_args], network=self.network)
 
 
 class Srun(JobLauncher):
@@ -294,14 +313,16 @@ def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
             stream: bool = False, on_interrupt: Callable[[], object] | None = None,
             grace: float = 10.0, launcher: str = "mpiexec", srun_args: Sequence[str] = (),
             mpi_args: Sequence[str] = (), job_dir: str | os.PathLike | None = None,
-            heartbeat: str | None = None, network: Sequence[str] | None = None) -> MPIResult:
+            heartbeat: str | None = None, network: Sequence[str] | None = None, survive=()) -> MPIResult:
     """Run ``python -m mpi4py <python_args>`` on ``nranks`` ranks and wait (at most ``timeout`` s).
 
     ``launcher``: ``"mpiexec"`` (:class:`Mpiexec`, with ``mpi_args``) or ``"srun"`` (:class:`Srun`, a job
     step of the current Slurm allocation, with ``srun_args``). ``job_dir``, ``heartbeat``, ``stream``,
     ``env``, ``cwd``: as :class:`JobLauncher` takes them (a virtual cluster's
     :meth:`~workbench.vcluster.VirtualCluster.run_options` gives ``mpi_args``, ``env``, ``job_dir``,
-    ``heartbeat`` and ``network``, what starts mpiexec in the cluster's launcher network).
+    ``heartbeat`` and ``network``, what starts mpiexec in the cluster's launcher network). ``survive``: ranks
+    whose loss the job goes on without where the library can (:attr:`JobLauncher.survivable`); the result's
+    ``survived`` then holds the end records of those it lost.
 
     Raises :class:`MPILaunchError` when the job exits non-zero or times out: its message starts
     with the rank whose process ended first and how (``rank 2 on node node7 (pid 4242) was killed by
@@ -318,7 +339,8 @@ def run_mpi(nranks: int, python_args: Sequence[str], *, timeout: float = 300,
     if not timeout > 0:  # NaN as well
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     backend = batch_launcher(launcher, nranks, python_args, srun_args=srun_args, mpi_args=mpi_args, env=env,
-                             cwd=cwd, stream=stream, job_dir=job_dir, heartbeat=heartbeat, network=network)
+                             cwd=cwd, stream=stream, job_dir=job_dir, heartbeat=heartbeat, network=network,
+                             survive=survive)
     backend.start()
     try:
         backend.wait(timeout, on_interrupt, grace)

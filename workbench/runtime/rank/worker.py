@@ -51,11 +51,13 @@ def run_rank(cfg: RunConfig, comm: MPI.Comm, run_dir: Path | None, resume: Path 
         if live is not None:
             live.plan(ctx.steps)
         algorithm = implementation(ctx)
+        # a master-based run's reports travel apart from its exchanges: the master, serving, takes any message
+        reports = comm.Dup() if cfg.spec.master_based else comm
         recorder = recording(ctx.telemetry) if ctx.telemetry else nullcontext()
         with recorder:
             final = algorithm.run(**({"resume_dir": resume} if resume else {}))
         wall = ctx.now()  # training only: imports, data loading and model set-up are `setup`
-        summary = _finish(ctx, final, wall, setup, run_dir)
+        summary = _finish(ctx, final, wall, setup, run_dir, reports, lost=getattr(algorithm, "lost", ()))
     except BaseException as exc:  # the rank's records and traceback go out before -m mpi4py aborts the job
         if live is not None:
             live.error(f"rank {comm.Get_rank()} failed: {exc!r}\n" + traceback.format_exc())
@@ -67,13 +69,15 @@ def run_rank(cfg: RunConfig, comm: MPI.Comm, run_dir: Path | None, resume: Path 
 
 
 def _finish(ctx: Context, final: torch.Tensor, wall: float, setup: float,
-            run_dir: Path | None) -> Summary | None:
+            run_dir: Path | None, reports: MPI.Comm, lost=()) -> Summary | None:
+    """Rank 0 gathers every rank's report over ``reports`` (but those of the ``lost`` ranks) and writes the
+    run's files."""
     cfg, comm = ctx.cfg, ctx.comm
     events = ctx.telemetry.events if ctx.telemetry else []
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
     mine = rank_report(ctx.rank, wall, setup, ctx.steps_completed, ctx.cancelled, ctx.metrics, events,
                        ctx.traffic.as_dict(), {"data_bytes": ctx.data.nbytes, "max_rss_bytes": peak})
-    everyone = comm.gather(mine, root=0)
+    everyone = gather_reports(reports, cfg.spec.master_based, mine, lost)
     if ctx.rank != 0:
         return None
     final_eval = ctx.evaluate(final, final=True)
@@ -91,6 +95,22 @@ def _finish(ctx: Context, final: torch.Tensor, wall: float, setup: float,
                              master=0 if cfg.spec.master_based else None)
         (run_dir / "trace.json").write_text(json.dumps(trace))
     return summary
+
+
+#: the tag of a worker's report to its master at the end of a master-based run
+TAG_REPORT = 14
+
+
+def gather_reports(comm: MPI.Comm, master_based: bool, mine, lost=()) -> list | None:
+    """Every rank's report on rank 0 (None elsewhere): a gather for the lock-step family; in a master-based
+    run each worker sends its report to the master, which takes those of the workers not ``lost`` (a
+    collective would wait for a rank whose process failed)."""
+    if not master_based:
+        return comm.gather(mine, root=0)
+    if comm.Get_rank() != 0:
+        comm.send(mine, dest=0, tag=TAG_REPORT)
+        return None
+    return [mine] + [comm.recv(source=r, tag=TAG_REPORT) for r in range(1, comm.Get_size()) if r not in lost]
 
 
 def main(argv: list[str] | None = None) -> None:
