@@ -117,6 +117,33 @@ def test_dead_engine_is_reported_with_its_rank(cluster, tmp_path):
     _still_usable(cluster, tmp_path)
 
 
+def test_a_run_whose_engine_dies_restarts_from_its_checkpoint_on_new_engines(cluster, tmp_path):
+    """Issue 46 in a notebook: ``max_restarts`` makes a run whose engine was SIGKILLed start again from its
+    checkpoint on new engines, as one run: finished, the fault named with its rank, every step once, the
+    records on one clock with the fault between them."""
+    cfg = RunConfig(algorithm="sync-sgd", ranks=4, epochs=100, checkpoint_every=500, max_restarts=1)
+    run = cluster.train(cfg, tmp_path / "again", store=tmp_path / "store.sqlite")
+    while not (run.history["kind"] == "train").any() or run.history["step"].max() < 700:
+        assert not run.done(), run.error
+        time.sleep(0.05)
+    pid = cluster.pids[2]
+    os.kill(pid, signal.SIGKILL)
+    result = run.wait(timeout=300)
+    assert result.status == "finished", run.error
+    [fault] = result.summary["restarts"]
+    assert fault["rank"] == 2 and f"(pid {pid})" in fault["cause"] and "signal 9" in fault["cause"], fault
+    assert fault["resumed_from_step"] >= 500 and result.summary["incarnations"] == 2
+    train = result.history[result.history["kind"] == "train"]
+    for rank in range(4):
+        steps = sorted(train[train["rank"] == rank]["step"].astype(int))
+        assert steps == list(range(result.summary["steps_per_worker"])), rank
+    at = train[train["rank"] == 0].sort_values("step")["t"].tolist()
+    assert at == sorted(at)
+    [mark] = result.history[result.history["kind"] == "fault"]["t"].tolist()
+    assert at[fault["resumed_from_step"] - 1] < mark < at[fault["resumed_from_step"]]
+    _still_usable(cluster, tmp_path)
+
+
 @pytest.mark.parametrize("algorithm", ["sync-easgd", "async-sgd"])
 def test_cancel_stops_the_ranks_and_keeps_the_cluster(cluster, tmp_path, algorithm):
     run = cluster.train(RunConfig(algorithm=algorithm, ranks=4, epochs=500), tmp_path / "c", store=False)
@@ -161,8 +188,8 @@ def test_keyboard_interrupt_in_wait_cancels_the_run(cluster, tmp_path):
 def test_bad_input_is_refused_before_launch(cluster):
     with pytest.raises(ConfigError, match="ranks: this cluster has 4 engines"):
         cluster.train(RunConfig(algorithm="sync-sgd", ranks=5))
-    with pytest.raises(ConfigError, match="^max_restarts: a notebook's run does not restart yet"):
-        cluster.train(RunConfig(algorithm="sync-sgd", ranks=2, checkpoint_every=10, max_restarts=1))
+    with pytest.raises(ConfigError, match="^min_ranks: a notebook's run restarts at its own size"):
+        cluster.train(RunConfig(algorithm="sync-sgd", ranks=2, checkpoint_every=10, max_restarts=1, min_ranks=1))
     with pytest.raises(ConfigError, match="cfg: expected a workbench.RunConfig"):
         cluster.train({"algorithm": "sync-sgd"})
     with pytest.raises(ConfigError, match="engines: unknown launcher 'yarn'; allowed: mpi, slurm"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -106,6 +107,9 @@ def test_a_killed_rank_restarts_from_the_checkpoint_and_the_run_ends_as_if_never
     assert mark["rank"] == 1 and "signal 9" in mark["cause"] and mark["world_size"] == 2
     stored = Store(tmp_path / "store.sqlite").load("elastic")
     assert stored.status == "finished" and stored.summary["restarts"][0]["rank"] == 1
+    listed = subprocess.run([sys.executable, "-m", "workbench.cli", "runs", "--store", str(tmp_path / "store.sqlite")],
+                            capture_output=True, text=True, timeout=60).stdout
+    assert re.search(r"elastic +\S+ \S+ +finished \(1 restart\) +sync-sgd", listed), listed
     from workbench.dashboard.figures import loss_figure  # the dashboard marks it, its cause on hover
     [drawn] = [t for t in loss_figure(stored.history).data if t.name == "fault: restarted"]
     assert list(drawn.x) == [mark["t"]] and "signal 9" in drawn.hovertext[0]

@@ -68,17 +68,25 @@ def own_folder(path: str | os.PathLike, *, mode: int = 0o700, instead: str = "us
     except FileExistsError:
         pass
     st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        why = f"{'is a link' if stat.S_ISLNK(st.st_mode) else 'is not a folder'}; remove it"
-    elif st.st_uid != os.geteuid():
-        why = (f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}): another user made it; remove it if it "
-               "is not yours")
-    elif st.st_mode & 0o022 & ~mode:
+    why = _not_yours(st, "another user made it; remove it if it is not yours")
+    if why is None and not stat.S_ISDIR(st.st_mode):
+        why = "is not a folder; remove it"
+    if why is None and st.st_mode & 0o022 & ~mode:
         who = "group and others" if st.st_mode & 0o002 else "its group"
         why = f"may be written by {who} (mode {st.st_mode & 0o777:o}); chmod go-w {path}"
-    else:
+    if why is None:
         return path
     raise UnsafeFolder(f"{path} {why}, or {instead}")
+
+
+def _not_yours(st: os.stat_result, fix: str) -> str | None:
+    """Why a path whose ``lstat`` is ``st`` is not safely this user's (a link, or another user's, then
+    ``fix``), or None: what :func:`own_folder` and :func:`private_file` both check first."""
+    if stat.S_ISLNK(st.st_mode):
+        return "is a link; remove it"
+    if st.st_uid != os.geteuid():
+        return f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}): {fix}"
+    return None
 
 
 def private_file(path: str | os.PathLike) -> Path:
@@ -86,12 +94,9 @@ def private_file(path: str | os.PathLike) -> Path:
     not a link, and readable by no one else; else :class:`UnsafeFolder` naming it and the fix."""
     path = Path(path)
     st = os.lstat(path)
-    if stat.S_ISLNK(st.st_mode):
-        why = "is a link; remove it"
-    elif st.st_uid != os.geteuid():
-        why = f"belongs to uid {st.st_uid}, not to you (uid {os.geteuid()}); remove it"
-    elif st.st_mode & 0o077:
+    why = _not_yours(st, "remove it")
+    if why is None and st.st_mode & 0o077:
         why = f"may be read or written by others (mode {st.st_mode & 0o777:o}); chmod 600 {path}, or remove it"
-    else:
+    if why is None:
         return path
     raise UnsafeFolder(f"{path} holds a secret and {why}")

@@ -58,6 +58,12 @@ class Summary(TypedDict, total=False):
     weights_checksum: str            # sha256 of the final weights: synchronous algorithms only
     evaluations: int                 # evaluation points during training (the final one not counted)
     memory_per_rank: list[dict[str, int]]  # per rank: data_bytes (its shard and test rows), max_rss_bytes
+    # a run that came back from faults (``max_restarts``; written by the batch run that launched it)
+    restarts: list[dict[str, Any]]   # per fault: incarnation, detected (epoch s), rank, cause, resumed_from_step,
+    #                                  nodes_lost, world_size (of the next incarnation), recovery_seconds
+    incarnations: int                # 1 + the restarts
+    world_sizes: list[int]           # the ranks of each incarnation, in order
+    workers_lost: list[dict[str, Any]]  # workers a master served on without (rank, node, cause): no restart
 
 
 #: The keys every ``summary.json`` holds (docs/architecture.md, "Public contracts"); synchronous algorithms add
@@ -67,7 +73,8 @@ CONTRACT_KEYS = ("algorithm", "ranks", "config", "final_test_accuracy", "final_l
 #: Summary fields the results store shows as columns of ``Store.runs()``, with their type.
 STORE_COLUMNS: dict[str, type] = {"final_test_accuracy": float, "final_loss": float, "wall_seconds": float,
                                   "comm_fraction": float, "steps": int, "bytes_sent": int,
-                                  "wire_bytes": float, "dense_wire_bytes": float, "messages": float}
+                                  "wire_bytes": float, "dense_wire_bytes": float, "messages": float,
+                                  "incarnations": int}
 #: Summary fields ``workbench train`` prints, in order (those a summary has).
 PRINTED_KEYS = ("algorithm", "ranks", "final_test_accuracy", "final_loss", "wall_seconds", "steps",
                 "comm_fraction", "bytes_sent", "wire_bytes_per_step", "messages_per_step", "compression_ratio",

@@ -55,7 +55,11 @@ def list_runs(args) -> int:
         acc = live[run_id]["test_accuracy"]
         return f"step {live[run_id]['steps']}" + ("" if acc is None else f", acc {acc:.3f}")
 
-    rows = [[r.run_id, f"{r.created:%Y-%m-%d %H:%M:%S}", r.status, r.algorithm, number(r.ranks, "d"),
+    def status(r) -> str:  # a run that came back from faults says how often
+        again = 0 if pd.isna(r.incarnations) else int(r.incarnations) - 1
+        return r.status + (f" ({again} restart{'s' if again > 1 else ''})" if again else "")
+
+    rows = [[r.run_id, f"{r.created:%Y-%m-%d %H:%M:%S}", status(r), r.algorithm, number(r.ranks, "d"),
              number(r.final_test_accuracy, ".3f"), number(r.final_loss, ".3f"), number(r.wall_seconds, ".2f"),
              percent(r.comm_fraction), so_far(r.run_id), "" if pd.isna(r.error) else r.error.splitlines()[0][:70]]
             for r in shown.itertuples()]

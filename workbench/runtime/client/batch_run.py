@@ -11,20 +11,20 @@ No MPI in this process.
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 
 from ...config import RunConfig
 from ...results import RunResult
-from ..live import LIVE_FOLDER, records_in
+from ..live import LIVE_FOLDER
 from ..rank.checkpoint import latest_step
 from ..launch.signals import deferred_signals, signals_ignored
 from .handle import RunHandle, expected_steps
+from .incarnations import Incarnations
 
 
-class BatchRun(RunHandle):
+class BatchRun(Incarnations, RunHandle):
     """``cfg`` run in ``run_dir`` under a batch launcher (``launch``: the keyword arguments of
     :func:`workbench.runtime.launch.batch.train`: ``launcher``, ``srun_args``, ``vcluster``, ``ppn``,
     ``resume``, ``timeout``), recorded in ``store`` as ``run_id``. ``resumed_from``: the run it continues
@@ -40,30 +40,13 @@ class BatchRun(RunHandle):
             total = None
         super().__init__(run_id, cfg.to_dict(), Path(run_dir).resolve(), store, total)
         self.cfg, self.resumed_from, self.show_progress, self.launch = cfg, resumed_from, progress, launch
-        #: the faults this run came back from (``max_restarts``): one dict each, also in summary.json's ``restarts``
-        self.restarts: list[dict] = []
-        self._earlier: list[dict] = []  # records of the incarnations that failed, up to where the next went on
-        self._since = 0  # records received before the newest incarnation began
-        self._restarted_at: float | None = None  # when the newest restart was launched, until its ranks are back
+        self._init_incarnations()
         self._lost: list[str] = []  # the nodes the newest restart leaves out (not answering)
-        self._launched: list[float] = []  # when each incarnation was launched (this host's clock)
 
     def _on_messages(self, messages: list[dict]) -> None:
-        """A consumer of :func:`~workbench.runtime.live.following`: the new messages received, their
-        records stored; after a restart, each rank's ``resume`` record cuts what it had recorded after its
-        checkpoint in the incarnation that failed, and the ranks' plans say when they are back."""
-        if self.restarts:  # on the run's clock: each incarnation's ranks count from their own start
-            shift(messages, self._offset())
-        self.receive(messages)
-        if self.restarts:
-            for record in records_in(messages)[0]:
-                if record.get("kind") == "resume":
-                    unit = "arrivals" if "arrivals" in record else "step"
-                    self._earlier = [r for r in self._earlier if r.get("rank") != record["rank"]
-                                     or r.get(unit, -1) < record[unit] or r.get("kind") == "resume"]
-            if self._restarted_at is not None and any("plan" in m for m in messages):
-                self.restarts[-1]["recovery_seconds"] = round(time.time() - self.restarts[-1]["detected"], 3)
-                self._restarted_at = None
+        """A consumer of :func:`~workbench.runtime.live.following`: the new messages taken on the run's clock
+        (:meth:`~.incarnations.Incarnations._take`), their records stored."""
+        self._take(messages)
         self._store_records()
 
     def run(self) -> RunResult:
@@ -115,15 +98,12 @@ class BatchRun(RunHandle):
         try:
             while True:
                 try:
-                    self._launched.append(time.time())
+                    self._launching()
                     train(cfg, self.run_dir, watch=watch, restart=bool(self.restarts), **launch)
                     break
                 except MPILaunchError as exc:
                     if len(self.restarts) >= self.cfg.max_restarts or not self._checkpointed():
-                        if self.restarts:  # every fault named, the last one first
-                            exc.args = (f"{exc}\n(the run had restarted {len(self.restarts)} times before: "
-                                        + "; ".join(f"fault {f['incarnation']}: {f['cause']}" for f in self.restarts)
-                                        + ")",)
+                        exc.args = (self._restarts_named(str(exc)),)  # every fault named, the last one first
                         raise
                     before, cfg = cfg, self._placement(exc, launch)
                     self._restart(exc, before, cfg)
@@ -131,17 +111,7 @@ class BatchRun(RunHandle):
         finally:
             if cfg is not self.cfg:  # the run's folder says the run as it was asked for (its summary: each size)
                 (self.run_dir / "config.json").write_text(self.cfg.to_json())
-        if self.restarts:
-            self._write_incarnations()
-
-    def _offset(self) -> float:
-        """Seconds from the first incarnation's launch to the newest one's: what puts the newest one's times
-        on the run's clock (its setup taken as long as the first one's)."""
-        return self._launched[-1] - self._launched[0] if self._launched else 0.0
-
-    def _checkpointed(self) -> bool:
-        folder = self.run_dir / "checkpoint"
-        return (folder / "async" if self.cfg.spec.master_based else folder / "latest.json").exists()
+        self._write_incarnations()
 
     def _placement(self, exc, launch: dict) -> RunConfig:
         """The next incarnation's configuration, its nodes put in ``launch``. On a virtual cluster, the nodes
@@ -177,18 +147,8 @@ class BatchRun(RunHandle):
         ``cfg`` after ``before``) and keep the records so far for the merge."""
         ranks = getattr(exc, "failed_ranks", None) or []
         step = None if self.cfg.spec.master_based else latest_step(self.run_dir)
-        fault = {"incarnation": len(self.restarts) + 1, "detected": time.time(), "rank": ranks[0] if ranks else None,
-                 "cause": str(exc).splitlines()[0] if str(exc) else type(exc).__name__, "resumed_from_step": step,
-                 "nodes_lost": list(self._lost), "world_size": cfg.ranks}
-        self.restarts.append(fault)
-        with self._lock:
-            self._earlier += self._records[self._since:]
-            self._since = len(self._records)
-            # the fault on the run's clock, for the loss curve and the timeline (metrics.jsonl, the store)
-            self._earlier.append({"kind": "fault", "t": round(fault["detected"] - self._launched[0], 3),
-                                  "rank": fault["rank"], "incarnation": fault["incarnation"], "cause": fault["cause"],
-                                  "nodes_lost": fault["nodes_lost"], "world_size": cfg.ranks})
-        self._restarted_at = fault["detected"]
+        fault = self._note_fault(ranks[0] if ranks else None, str(exc).splitlines()[0] if str(exc) else
+                                 type(exc).__name__, step, cfg.ranks, self._lost)
         # the failed incarnation's live files kept aside: the next one's ranks start theirs afresh
         live = self.run_dir / LIVE_FOLDER
         if live.is_dir():
@@ -200,26 +160,6 @@ class BatchRun(RunHandle):
               + f" (incarnation {fault['incarnation'] + 1})", file=sys.stderr, flush=True)
         if cfg.ranks != before.ranks:
             print(f"workbench train: run {self.run_id}: {resized(before, cfg)}", file=sys.stderr, flush=True)
-
-    def _write_incarnations(self) -> None:
-        """metrics.jsonl begins with what the failed incarnations recorded before each rank went on, and
-        summary.json names the restarts (``restarts``, ``incarnations``, ``world_sizes``)."""
-        metrics = self.run_dir / "metrics.jsonl"
-        kept = "".join(json.dumps(r) + "\n" for r in self._earlier)
-        newest = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
-        shift([{"metrics": newest}], self._offset())  # rank 0 wrote them on the newest incarnation's clock
-        metrics.write_text(kept + "".join(json.dumps(r) + "\n" for r in newest))
-        trace_path = self.run_dir / "trace.json"
-        if trace_path.exists():
-            trace = json.loads(trace_path.read_text())
-            shift([{"spans": [e for e in trace.get("traceEvents", []) if "ts" in e]}], self._offset())
-            trace_path.write_text(json.dumps(trace))
-        summary_path = self.run_dir / "summary.json"
-        if summary_path.exists():
-            summary = json.loads(summary_path.read_text())
-            summary.update(restarts=self.restarts, incarnations=len(self.restarts) + 1,
-                           world_sizes=[self.cfg.ranks] + [f["world_size"] for f in self.restarts])
-            summary_path.write_text(json.dumps(summary, indent=1))
 
     def _failed(self, error: str, status: str = "failed") -> None:
         """The run ended without a result: ``status`` with ``error``, in the store too (its records kept)."""
@@ -261,15 +201,3 @@ def resized(before: RunConfig, after: RunConfig) -> str:
         line += f"; rho {was.rho:.4g} -> {hyper.rho:.4g} (beta = p*lr*rho stays {after.workers * hyper.lr * hyper.rho:.2g})"
     return line
 
-
-def shift(messages: list[dict], seconds: float) -> None:
-    """Move the records' ``t`` (seconds) and the spans' ``ts`` (microseconds) of live-channel ``messages``
-    ``seconds`` later, in place."""
-    if not seconds:
-        return
-    for message in messages:
-        for record in message.get("metrics", ()):
-            if "t" in record:
-                record["t"] += seconds
-        for span in message.get("spans", ()):
-            span["ts"] += seconds * 1e6

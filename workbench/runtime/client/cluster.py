@@ -454,7 +454,9 @@ class Cluster:
         at once. ``cfg.ranks`` must be <= ``n`` (the first ``cfg.ranks`` ranks train).
 
         ``store``: a :class:`~workbench.store.Store`, a path, or None for the default store;
-        ``False`` records nothing. ``timeout``: seconds before the run is cancelled.
+        ``False`` records nothing. ``timeout``: seconds before the run is cancelled. ``cfg.max_restarts``:
+        a run that fails with a checkpoint behind it starts again from it on new engines, as one run, while
+        no node of the engines is lost (``min_ranks``, going on at fewer ranks, is ``workbench train``'s).
         """
         from .run import Run
         if not isinstance(cfg, RunConfig):
@@ -462,9 +464,10 @@ class Cluster:
         if cfg.ranks > self.n:
             raise ConfigError(f"ranks: this cluster has {self.n} engines; ranks must be 1..{self.n}, "
                               f"got {cfg.ranks}")
-        if cfg.max_restarts:
-            raise ConfigError(f"max_restarts: a notebook's run does not restart yet; leave it out here, or run it with "
-                              f"`workbench train --max-restarts {cfg.max_restarts}`, which does")
+        if cfg.min_ranks is not None:
+            raise ConfigError(f"min_ranks: a notebook's run restarts at its own size, on new engines; leave it out "
+                              f"here, or run it with `workbench train --min-ranks {cfg.min_ranks}`, which goes on at "
+                              f"fewer ranks")
         if self.active_run is not None and not self.active_run.done():
             raise RuntimeError(f"run {self.active_run.run_id} is still going: wait() or cancel() it first")
         self.start()

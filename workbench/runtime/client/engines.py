@@ -17,14 +17,16 @@ from ..rank.sink import engine_train
 
 
 class Engines(Launcher):
-    """One run's ranks on ``cluster``'s engines: ``engine_train(config, run_dir, address, run_id, secret)``
-    on every engine (``address``: the run's signed live stream)."""
+    """One run's ranks on ``cluster``'s engines: ``engine_train(config, run_dir, address, run_id, secret,
+    resume)`` on every engine (``address``: the run's signed live stream; ``resume``: a run folder whose newest
+    checkpoint the ranks go on from, a restart's)."""
 
     name = "engines"
 
-    def __init__(self, cluster, config: dict, run_dir: str, address: str, run_id: str, secret: bytes) -> None:
+    def __init__(self, cluster, config: dict, run_dir: str, address: str, run_id: str, secret: bytes,
+                 resume: str | None = None) -> None:
         self.cluster = cluster
-        self._call = (config, run_dir, address, run_id, secret)
+        self._call = (config, run_dir, address, run_id, secret, resume)
         self._async = None
 
     @property

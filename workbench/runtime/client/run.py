@@ -22,6 +22,7 @@ Failure and cancellation never hang the notebook:
 from __future__ import annotations
 
 import secrets
+import sys
 import threading
 import time
 from collections import deque
@@ -33,9 +34,11 @@ from ...config import RunConfig
 from ...results import RunResult
 from ..rundir import CANCEL_FILE, make_run_dir, run_id_for, runs_root
 from ..launch.blame import first_cause, who_is
+from ..rank.checkpoint import latest_step
 from ..stream import MAX_MESSAGE_BYTES, new_secret, verify
 from .engines import Engines
 from .handle import RunError, RunHandle, expected_steps, open_store
+from .incarnations import Incarnations
 
 GRACE_SECONDS = 3.0
 #: seconds an engine may be dead while the run goes on before the others are stopped (a whole MPI
@@ -46,10 +49,11 @@ STORE_EVERY_SECONDS = 1.0
 __all__ = ["Run", "RunError", "expected_steps"]
 
 
-class Run(RunHandle):
+class Run(Incarnations, RunHandle):
     """A live run (a :class:`~.handle.RunHandle`) on a cluster's engines (an :class:`~.engines.Engines`
     launcher), its records coming on a signed ZeroMQ stream. ``history`` (DataFrame) and ``trace`` (list
-    of spans) grow while it trains."""
+    of spans) grow while it trains. With ``cfg.max_restarts``, a run that fails with a checkpoint behind it
+    starts again from it on new engines, as one run (:class:`~.incarnations.Incarnations`)."""
 
     def __init__(self, cluster, cfg: RunConfig, run_dir=None, *, store=None, timeout: float = 3600.0,
                  sweep_id: str | None = None, sweep_key: str | None = None) -> None:
@@ -68,6 +72,9 @@ class Run(RunHandle):
         self._killed = False  # this run killed the engines itself (deaths after that are ours)
         self.latencies: deque[float] = deque(maxlen=100_000)  # seconds from rank send to receipt
         self._cancel_requested = False
+        self._init_incarnations()
+        self._pending_fault: str | None = None  # a failure a restart may come back from, until it is decided
+        self._pending_outcome: str | None = None  # how the newest incarnation ended, decided before a restart
         self._timeout = timeout
         self.started = time.time()
         self._record_start(sweep_id=sweep_id, sweep_key=sweep_key)
@@ -84,6 +91,7 @@ class Run(RunHandle):
             address = f"tcp://{cluster.advertised_ip}:{port}"
         self.address = address  # the live stream (signed messages only)
         self.launcher = Engines(cluster, self.config, str(self.run_dir), address, self.run_id, self._secret)
+        self._launching()
         self.launcher.start()
         self._thread = threading.Thread(target=self._follow, name=f"run-{self.run_id}", daemon=True)
         self._thread.start()
@@ -124,60 +132,101 @@ class Run(RunHandle):
 
     # -- receiver thread -------------------------------------------------------------------
     def _follow(self) -> None:
-        """The receiver thread: the stream drained, the store kept, the engines' health watched."""
-        poller = zmq.Poller()
-        poller.register(self._socket, zmq.POLLIN)
-        deadline = time.monotonic() + self._timeout
-        fail_deadline = None
-        next_store = time.monotonic() + STORE_EVERY_SECONDS
-        next_health_check = 0.0
-        dead_since = None
+        """The receiver thread: each incarnation watched (:meth:`_watch`), the next one started while a
+        restart is allowed (:meth:`_restarted`), then the end recorded."""
         try:
+            deadline = time.monotonic() + self._timeout
             while True:
-                if poller.poll(20):
-                    self._drain()
-                now = time.monotonic()
-                if self.store is not None and now >= next_store:
-                    self._store_records()
-                    next_store = now + STORE_EVERY_SECONDS
-                if now >= next_health_check:
-                    # MPI kills the whole job when one engine dies, about a second later: a
-                    # rank seen dead alone is the one that died first
-                    dead = self.launcher.dead()
-                    if self._first_dead is None:
-                        self._first_dead = dead[0] if len(dead) == 1 else None
-                    dead_since = dead_since if dead else None
-                    dead_since = dead_since or (now if dead else None)
-                    next_health_check = now + 0.02
-                    if dead_since is not None and now - dead_since > DEAD_GRACE_SECONDS and not self.launcher.ended():
-                        # engines died and the others did not end: they wait in MPI for the dead
-                        self._hard_stop("failed", f"engines of ranks {dead} died and the run did not end; it was "
-                                                  "stopped")
-                        break
-                    lost = self.cluster.lost(self.cfg.ranks)
-                    if lost:  # a node cut off or hung: nothing will end by itself
-                        from ..launch.heartbeat import describe
-                        self._hard_stop("failed", f"{describe(lost, self.cluster.hosts)}; the run was stopped")
-                        self.failed_rank = lost[0]["rank"]
-                        break
-                if self.launcher.ended():
-                    self._drain()
+                self._watch(deadline)
+                if not self._restarted():
                     break
-                if self.failed_rank is not None and fail_deadline is None:
-                    fail_deadline = now + GRACE_SECONDS
-                if fail_deadline is not None and now > fail_deadline:
-                    self._hard_stop("failed", self.error)  # the others are stuck in a collective
-                    break
-                if now > deadline and not self._cancel_requested:
-                    self._cancel_requested = True
-                    (self.run_dir / CANCEL_FILE).write_text("timeout")
-                    fail_deadline = now + 30.0
-                    self.error = f"run timed out after {self._timeout:g} s and was cancelled"
             self._finish()
         except BaseException as exc:  # noqa: BLE001 - never leave wait() hanging
             self._receiver_failed(exc)
         finally:
             self._socket.close(linger=0)
+
+    def _watch(self, deadline: float) -> None:
+        """Until the engines have returned or were stopped: the stream drained, the store kept, the engines'
+        health watched."""
+        poller = zmq.Poller()
+        poller.register(self._socket, zmq.POLLIN)
+        fail_deadline = None
+        next_store = time.monotonic() + STORE_EVERY_SECONDS
+        next_health_check = 0.0
+        dead_since = None
+        while True:
+            if poller.poll(20):
+                self._drain()
+            now = time.monotonic()
+            if self.store is not None and now >= next_store:
+                self._store_records()
+                next_store = now + STORE_EVERY_SECONDS
+            if now >= next_health_check:
+                # MPI kills the whole job when one engine dies, about a second later: a
+                # rank seen dead alone is the one that died first
+                dead = self.launcher.dead()
+                if self._first_dead is None:
+                    self._first_dead = dead[0] if len(dead) == 1 else None
+                dead_since = dead_since if dead else None
+                dead_since = dead_since or (now if dead else None)
+                next_health_check = now + 0.02
+                if dead_since is not None and now - dead_since > DEAD_GRACE_SECONDS and not self.launcher.ended():
+                    # engines died and the others did not end: they wait in MPI for the dead
+                    self._hard_stop("failed", f"engines of ranks {dead} died and the run did not end; it was "
+                                              "stopped")
+                    break
+                lost = self.cluster.lost(self.cfg.ranks)
+                if lost:  # a node cut off or hung: nothing will end by itself
+                    from ..launch.heartbeat import describe
+                    self._hard_stop("failed", f"{describe(lost, self.cluster.hosts)}; the run was stopped")
+                    self.failed_rank = lost[0]["rank"]
+                    break
+            if self.launcher.ended():
+                self._drain()
+                break
+            if self.failed_rank is not None and fail_deadline is None:
+                fail_deadline = now + GRACE_SECONDS
+            if fail_deadline is not None and now > fail_deadline:
+                self._hard_stop("failed", self.error)  # the others are stuck in a collective
+                break
+            if now > deadline and not self._cancel_requested:
+                self._cancel_requested = True
+                (self.run_dir / CANCEL_FILE).write_text("timeout")
+                fail_deadline = now + 30.0
+                self.error = f"run timed out after {self._timeout:g} s and was cancelled"
+
+    def _may_restart(self) -> bool:
+        """A failure now would be come back from: restarts left, not cancelled, a checkpoint there, and the
+        engines can be started again where they ran (no node lost: a notebook's run restarts at its size)."""
+        return (len(self.restarts) < self.cfg.max_restarts and not self._cancel_requested and self._checkpointed()
+                and not self.cluster.lost() and not self.cluster.failed_nodes())
+
+    def _restarted(self) -> bool:
+        """After an incarnation ended: if it failed and :meth:`_may_restart`, the fault noted (one line on
+        stderr), new engines started and the run launched on them from its checkpoint; False otherwise
+        (the run ends as the incarnation did)."""
+        if self.status != "running":
+            return False
+        if self._pending_fault is None:
+            self._pending_outcome = self._ending()
+            if self._pending_outcome != "failed" or not self._may_restart():
+                return False
+        error, rank = self._pending_fault or self.error or "failed", self.failed_rank
+        step = None if self.cfg.spec.master_based else latest_step(self.run_dir)
+        fault = self._note_fault(rank, error.splitlines()[0], step, self.cfg.ranks)
+        print(f"workbench: run {self.run_id}: fault {fault['incarnation']} of at most {self.cfg.max_restarts}: "
+              f"{fault['cause']}; restarting from its checkpoint" + (f" at step {step}" if step is not None else "")
+              + f" on new engines (incarnation {fault['incarnation'] + 1})", file=sys.stderr, flush=True)
+        self.error = self.failed_rank = self._first_dead = self._pending_fault = self._pending_outcome = None
+        self._killed = False
+        self.launcher.stop()
+        self.cluster.restart_engines()
+        self.launcher = Engines(self.cluster, self.config, str(self.run_dir), self.address, self.run_id,
+                                self._secret, resume=str(self.run_dir))
+        self._launching()
+        self.launcher.start()
+        return True
 
     def _receiver_failed(self, exc: BaseException) -> None:
         """The receiver raised: the run is failed, with the first failure as its cause, and ended in the
@@ -207,7 +256,7 @@ class Run(RunHandle):
                 continue
             self.latencies.append(time.time() - message["sent"])
             messages.append(message)
-        self.receive(messages)
+        self._take(messages)  # on the run's clock, after a restart
 
     def _hard_stop(self, status: str, error: str | None) -> None:
         """Stop the run as ``status`` (unless it was stopped already) and kill its engines."""
@@ -216,7 +265,10 @@ class Run(RunHandle):
             blame = self._dead_engine() if status == "failed" else None
             if blame is not None:
                 self.failed_rank, error = blame
-            self._transition(status, error, if_running=True)
+            if status == "failed" and self._may_restart():
+                self._pending_fault = error or self.error  # :meth:`_restarted` comes back from it
+            else:
+                self._transition(status, self._restarts_named(error) if error else error, if_running=True)
         self._killed = True
         self.launcher.stop()
 
@@ -278,11 +330,15 @@ class Run(RunHandle):
         if not (self.run_dir / "summary.json").exists():
             self.error = self.error or "the engines returned no summary"
             return "failed"
+        self._write_incarnations()  # a restarted run's files: every incarnation, on its clock
         self.result = RunResult.from_run_dir(self.run_dir, self.run_id)
         self.summary = self.result.summary
         return "cancelled" if self.summary.get("cancelled") or self._cancel_requested else "finished"
 
     def _finish(self) -> None:
         if self.status == "running":  # the engines returned (cleanly or with an error)
-            self._transition(self._ending(), if_running=True)  # unless cancel() stopped it meanwhile
+            outcome = self._pending_outcome or self._ending()
+            if outcome == "failed" and self.error:
+                self.error = self._restarts_named(self.error)
+            self._transition(outcome, if_running=True)  # unless cancel() stopped it meanwhile
         self._end()

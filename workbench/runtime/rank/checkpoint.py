@@ -117,6 +117,13 @@ def load_own(run_dir: Path, rank: int, nranks: int, resize: bool = False) -> dic
     return state
 
 
+def marker(run_dir: str | os.PathLike, master_based: bool) -> Path:
+    """What says that ``run_dir`` holds a checkpoint of the kind an algorithm writes: ``checkpoint/async/``
+    (a master-based run: each rank's own) or ``checkpoint/latest.json`` (the lock-step family's manifest)."""
+    root = Path(run_dir) / "checkpoint"
+    return root / "async" if master_based else root / "latest.json"
+
+
 #: What a resumed run must share with the run it continues: the weights' shapes and their meaning.
 RESUME_FIELDS = ("algorithm", "model", "dataset", "ranks")
 
@@ -154,14 +161,13 @@ def check_resume(run_dir: str | os.PathLike, cfg: "RunConfig") -> None:
             same = mine == theirs
         if not same:
             differ.append(f"{name} {theirs!r} (checkpoint) vs {mine!r} (this run)")
-    root = run_dir / "checkpoint"
     if cfg.spec.master_based:
-        if not (root / "async").is_dir():
+        if not marker(run_dir, True).is_dir():
             raise ConfigError(f"resume: {run_dir} has no checkpoint/async/ ({cfg.algorithm} saves one there; "
                               f"was the run started with checkpoint_every > 0, with a master-based algorithm?)"
                               + (f"; also differs: {'; '.join(differ)}" if differ else ""))
     else:
-        manifest = root / "latest.json"
+        manifest = marker(run_dir, False)
         if not manifest.is_file():
             raise ConfigError(f"resume: {run_dir} has no checkpoint/latest.json ({cfg.algorithm} saves one "
                               f"there; was the run started with checkpoint_every > 0, with a synchronous "

@@ -37,8 +37,10 @@ class StreamChannel(LiveChannel):
         self._socket.close()
 
 
-def engine_train(config: dict, run_dir: str, address: str, run_id: str, secret: str) -> dict | None:
-    """Runs on every engine (an MPI rank): train ``config`` on the first ``ranks`` ranks.
+def engine_train(config: dict, run_dir: str, address: str, run_id: str, secret: str,
+                 resume: str | None = None) -> dict | None:
+    """Runs on every engine (an MPI rank): train ``config`` on the first ``ranks`` ranks (from the newest
+    checkpoint in ``resume``, a run folder, when given).
 
     All engines take part in the ``Split``; those beyond ``ranks`` return at once. A rank that raises
     tells the notebook with its traceback before the error propagates (:func:`~.worker.run_rank`), so the
@@ -60,7 +62,8 @@ def engine_train(config: dict, run_dir: str, address: str, run_id: str, secret: 
     if comm == MPI.COMM_NULL:
         return None
     try:
-        return run_rank(cfg, comm, Path(run_dir), live=StreamChannel(address, comm.Get_rank(), run_id, secret))
+        return run_rank(cfg, comm, Path(run_dir), Path(resume) if resume else None,
+                        live=StreamChannel(address, comm.Get_rank(), run_id, secret))
     finally:
         try:
             comm.Free()

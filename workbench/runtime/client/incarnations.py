@@ -1,0 +1,127 @@
+"""One run, several incarnations: what a run that starts again from its checkpoint after a fault keeps
+(``RunConfig.max_restarts``), the same for a batch run (:class:`~.batch_run.BatchRun`: ``workbench train``)
+and a notebook's run (:class:`~.run.Run`). A mixin of :class:`~.handle.RunHandle`:
+
+- each incarnation's records and spans are moved onto the run's clock (its ranks count from their own
+  start: :func:`shift` by when the incarnation was launched);
+- each rank's ``resume`` record drops what that rank recorded after its checkpoint in the incarnation that
+  failed, so every step is in the run once; the ranks' plans say when they are back (``recovery_seconds``);
+- a fault is one dict in :attr:`Incarnations.restarts` and a ``fault`` record on the run's clock;
+- at the end ``metrics.jsonl`` begins with what the failed incarnations kept, ``trace.json`` is on the run's
+  clock, and ``summary.json`` names the restarts (``restarts``, ``incarnations``, ``world_sizes``).
+"""
+from __future__ import annotations
+
+import json
+import time
+
+from ..live import records_in
+from ..rank.checkpoint import marker
+
+
+class Incarnations:
+    """The bookkeeping of a run's incarnations (see the module's text). The class using it calls
+    :meth:`_init_incarnations` once, :meth:`_launching` before each incarnation starts, :meth:`_take` with
+    the ranks' messages, :meth:`_note_fault` after a failure it restarts from and :meth:`_write_incarnations`
+    once the last incarnation has written the run's files."""
+
+    def _init_incarnations(self) -> None:
+        #: the faults this run came back from: one dict each, also in summary.json's ``restarts``
+        self.restarts: list[dict] = []
+        self._earlier: list[dict] = []  # records of the incarnations that failed, up to where the next went on
+        self._since = 0  # records received before the newest incarnation began
+        self._restarted_at: float | None = None  # when the newest restart was launched, until its ranks are back
+        self._launched: list[float] = []  # when each incarnation was launched (this host's clock)
+
+    def _launching(self) -> None:
+        """An incarnation is about to start."""
+        self._launched.append(time.time())
+
+    def _offset(self) -> float:
+        """Seconds from the first incarnation's launch to the newest one's: what puts the newest one's times
+        on the run's clock (its setup taken as long as the first one's)."""
+        return self._launched[-1] - self._launched[0] if self._launched else 0.0
+
+    def _checkpointed(self) -> bool:
+        """The run's folder holds a checkpoint a restart can start from."""
+        return marker(self.run_dir, self.cfg.spec.master_based).exists()
+
+    def _take(self, messages: list[dict]) -> None:
+        """The ranks' messages received (:meth:`~.handle.RunHandle.receive`) on the run's clock; after a
+        restart, each rank's ``resume`` record cuts what it had recorded after its checkpoint in the
+        incarnation that failed, and the ranks' plans say when they are back."""
+        if self.restarts:  # each incarnation's ranks count from their own start
+            shift(messages, self._offset())
+        self.receive(messages)
+        if not self.restarts:
+            return
+        for record in records_in(messages)[0]:
+            if record.get("kind") == "resume":
+                unit = "arrivals" if "arrivals" in record else "step"
+                with self._lock:
+                    self._earlier = [r for r in self._earlier if r.get("rank") != record["rank"]
+                                     or r.get(unit, -1) < record[unit] or r.get("kind") == "resume"]
+        if self._restarted_at is not None and any("plan" in m for m in messages):
+            self.restarts[-1]["recovery_seconds"] = round(time.time() - self.restarts[-1]["detected"], 3)
+            self._restarted_at = None
+
+    def _note_fault(self, rank: int | None, cause: str, step: int | None, world_size: int,
+                    nodes_lost: list[str] = ()) -> dict:
+        """A fault the run restarts from: ``rank`` and ``cause`` (one line), the checkpoint's ``step`` it goes
+        on from (None: each rank's own), the ranks it goes on at and the nodes left out. Keeps the records so
+        far for the merge and adds a ``fault`` record on the run's clock; returns the fault."""
+        fault = {"incarnation": len(self.restarts) + 1, "detected": time.time(), "rank": rank, "cause": cause,
+                 "resumed_from_step": step, "nodes_lost": list(nodes_lost), "world_size": world_size}
+        self.restarts.append(fault)
+        with self._lock:
+            self._earlier += self._records[self._since:]
+            self._since = len(self._records)
+            # the fault on the run's clock, for the loss curve and the timeline (metrics.jsonl, the store)
+            self._earlier.append({"kind": "fault", "t": round(fault["detected"] - self._launched[0], 3),
+                                  "rank": rank, "incarnation": fault["incarnation"], "cause": cause,
+                                  "nodes_lost": fault["nodes_lost"], "world_size": world_size})
+        self._restarted_at = fault["detected"]
+        return fault
+
+    def _write_incarnations(self) -> None:
+        """metrics.jsonl begins with what the failed incarnations recorded before each rank went on, the
+        newest incarnation's records and trace.json on the run's clock, and summary.json names the restarts
+        (``restarts``, ``incarnations``, ``world_sizes``)."""
+        if not self.restarts:
+            return
+        metrics = self.run_dir / "metrics.jsonl"
+        kept = "".join(json.dumps(r) + "\n" for r in self._earlier)
+        newest = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+        shift([{"metrics": newest}], self._offset())  # rank 0 wrote them on the newest incarnation's clock
+        metrics.write_text(kept + "".join(json.dumps(r) + "\n" for r in newest))
+        trace_path = self.run_dir / "trace.json"
+        if trace_path.exists():
+            trace = json.loads(trace_path.read_text())
+            shift([{"spans": [e for e in trace.get("traceEvents", []) if "ts" in e]}], self._offset())
+            trace_path.write_text(json.dumps(trace))
+        summary_path = self.run_dir / "summary.json"
+        if summary_path.exists():
+            summary = json.loads(summary_path.read_text())
+            summary.update(restarts=self.restarts, incarnations=len(self.restarts) + 1,
+                           world_sizes=[self.cfg.ranks] + [f["world_size"] for f in self.restarts])
+            summary_path.write_text(json.dumps(summary, indent=1))
+
+    def _restarts_named(self, error: str) -> str:
+        """``error`` with every earlier fault named (a run that exhausted its restarts)."""
+        if not self.restarts:
+            return error
+        return (f"{error}\n(the run had restarted {len(self.restarts)} times before: "
+                + "; ".join(f"fault {f['incarnation']}: {f['cause']}" for f in self.restarts) + ")")
+
+
+def shift(messages: list[dict], seconds: float) -> None:
+    """Move the records' ``t`` (seconds) and the spans' ``ts`` (microseconds) of live-channel ``messages``
+    ``seconds`` later, in place."""
+    if not seconds:
+        return
+    for message in messages:
+        for record in message.get("metrics", ()):
+            if "t" in record:
+                record["t"] += seconds
+        for span in message.get("spans", ()):
+            span["ts"] += seconds * 1e6
