@@ -19,7 +19,7 @@ from .blame import NOT_ONE_JOB, MPILaunchError, describe_end, who_is
 from .launcher import run_mpi
 from .mpiexec import default_launcher
 from .signals import RunInterrupted
-from ..live import LIVE_FOLDER, following, records_in
+from ..live import LiveFiles, following, records_in
 from ..rundir import CANCEL_FILE, make_run_dir, new_run_id, runs_root
 
 
@@ -107,11 +107,7 @@ def train(cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, resume: s
 def _keep_records_of(run_dir: Path, ranks: list) -> None:
     """Append to ``metrics.jsonl`` what the ``ranks`` lost mid-run recorded (their live files: rank 0 wrote
     the others' records from their reports, which a lost rank never sent)."""
-    kept = []
-    for rank in ranks:
-        path = run_dir / LIVE_FOLDER / f"rank{rank}.jsonl"
-        if path.exists():
-            kept += records_in(json.loads(line) for line in path.read_text().splitlines() if line.strip())[0]
+    kept = records_in(m for m in LiveFiles(run_dir).read() if m.get("rank") in ranks)[0]
     if kept:
         with open(run_dir / "metrics.jsonl", "a") as f:
             f.writelines(json.dumps(r) + "\n" for r in kept)
