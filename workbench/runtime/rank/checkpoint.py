@@ -67,8 +67,7 @@ def load(run_dir: Path, rank: int, nranks: int, resize: bool = False) -> dict:
     """This rank's state from the newest complete checkpoint of ``run_dir``. ``resize``: an elastic restart
     on another number of ranks (``RunConfig.min_ranks``) may load it; rank ``r`` takes the state of rank
     ``r`` modulo the checkpoint's ranks (the lock-step family's states are the same on every rank, but
-    for what is each rank's own: a worker's EASGD weights, CSC's residual); ``"saved_ranks"`` says how many
-    ranks wrote it."""
+    for what is each rank's own: a worker's EASGD weights, CSC's residual)."""
     manifest = Path(run_dir) / "checkpoint" / "latest.json"
     if not manifest.exists():
         raise FileNotFoundError(f"--resume {run_dir}: no checkpoint/latest.json (was the run "
@@ -78,9 +77,8 @@ def load(run_dir: Path, rank: int, nranks: int, resize: bool = False) -> dict:
         raise ValueError(f"--resume {run_dir}: checkpoint has {info['ranks']} ranks, this run "
                          f"{nranks}")
     import torch
-    state = torch.load(Path(run_dir) / "checkpoint" / f"step-{info['step']:06d}" / f"rank{rank % info['ranks']}.pt",
-                       weights_only=True)
-    return {**state, "saved_ranks": info["ranks"]}
+    return torch.load(Path(run_dir) / "checkpoint" / f"step-{info['step']:06d}" / f"rank{rank % info['ranks']}.pt",
+                      weights_only=True)
 
 
 def save_own(run_dir: Path, rank: int, nranks: int, state: dict) -> None:
