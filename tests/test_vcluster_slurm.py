@@ -131,3 +131,42 @@ def test_a_killed_slurmd_fails_the_run_naming_node_and_rank_and_the_node_comes_b
         time.sleep(0.5)
     hosts = _slurm(svc, "srun", "-N", "3", "-n", "3", "hostname").stdout.split()
     assert sorted(hosts) == [f"{svc.name}-{i}" for i in range(3)]
+
+
+def test_a_restart_stays_in_a_no_kill_allocation_on_the_nodes_it_still_holds(svc):
+    """Issue 46 under Slurm: `sbatch -N 3 --no-kill` keeps the allocation when a node crashes; Slurm ends the job
+    step (srun's "Node failure"), takes the node out of the job, and `--max-restarts 1 --min-ranks 2` starts the
+    run again from its checkpoint inside the same allocation, on the 2 nodes it still holds; nothing is left."""
+    out, store = svc.shared / "no-kill", svc.shared / "no-kill.sqlite"
+    job = _slurm(svc, "sbatch", "--parsable", "-N", "3", "-n", "3", "--no-kill", "-o", str(svc.shared / "nokill-%j.out"),
+                 "--wrap", f"{sys.executable} -m workbench.cli train --algorithm sync-sgd --ranks 3 --epochs 60 "
+                 f"--checkpoint-every 50 --max-restarts 1 --min-ranks 2 --out {out} --store {store} --no-progress",
+                 cwd=ROOT).stdout.strip().split(";")[0]
+    live, deadline = out / "live" / "rank2.jsonl", time.monotonic() + 90
+    try:
+        while not (live.exists() and any(r.get("step", 0) >= 60 for line in live.read_text().splitlines()
+                                         for r in json.loads(line).get("metrics", ()))):
+            assert time.monotonic() < deadline and _slurm(svc, "squeue", "-h", "-j", job).stdout.strip(), \
+                "the run did not reach step 60"
+            time.sleep(0.1)
+        assert svc.kill_node(1, down=True)
+        killed = time.time()
+        _wait_job(svc, job, timeout=180)
+        text = (svc.shared / f"nokill-{job}.out").read_text()
+        summary = json.loads((out / "summary.json").read_text())
+        [fault] = summary["restarts"]
+        assert summary["world_sizes"] == [3, 2] and fault["nodes_lost"] == [f"{svc.name}-1"] and fault["rank"] == 1, text
+        assert f"node {svc.name}-1 failed (srun: Node failure on {svc.name}-1): rank 1 ran there" in fault["cause"]
+        assert f"on 2 ranks ({svc.name}-1 left out: no longer in Slurm job {job})" in text, text
+        assert "it goes on at 2 ranks (3 before)" in text and fault["detected"] > killed, text
+        # the whole run counted: its clock spans the fault, its bytes both incarnations'
+        assert summary["wall_seconds"] > fault["detected"] - killed and fault["bytes_sent"] > 0, summary
+        assert summary["bytes_sent"] > fault["bytes_sent"] and summary["final_test_accuracy"] > 0.5, summary
+        assert not [p for i in (0, 2) for p in svc.processes(i) if "workbench.runtime.rank.worker" in _cmdline(p)]
+    finally:
+        svc.restore(1)
+        restart_slurmd(svc, 1)
+        deadline = time.monotonic() + 60
+        while _slurm(svc, "sinfo", "-h", "-n", f"{svc.name}-1", "-o", "%T").stdout.strip() != "idle":
+            assert time.monotonic() < deadline, "the node did not come back"
+            time.sleep(0.5)

@@ -59,8 +59,11 @@ class Summary(TypedDict, total=False):
     evaluations: int                 # evaluation points during training (the final one not counted)
     memory_per_rank: list[dict[str, int]]  # per rank: data_bytes (its shard and test rows), max_rss_bytes
     # a run that came back from faults (``max_restarts``; written by the batch run that launched it)
+    # (``wall_seconds`` then spans the whole run on its clock and ``bytes_sent`` every incarnation; the per-rank
+    # traffic fields above are the last incarnation's)
     restarts: list[dict[str, Any]]   # per fault: incarnation, detected (epoch s), rank, cause, resumed_from_step,
-    #                                  nodes_lost, world_size (of the next incarnation), recovery_seconds
+    #                                  nodes_lost, world_size (of the next incarnation), recovery_seconds,
+    #                                  bytes_sent (by the incarnation that failed, as its ranks' records had it)
     incarnations: int                # 1 + the restarts
     world_sizes: list[int]           # the ranks of each incarnation, in order
     workers_lost: list[dict[str, Any]]  # workers a master served on without (rank, node, cause): no restart

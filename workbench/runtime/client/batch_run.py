@@ -11,6 +11,7 @@ No MPI in this process.
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -41,7 +42,8 @@ class BatchRun(Incarnations, RunHandle):
         super().__init__(run_id, cfg.to_dict(), Path(run_dir).resolve(), store, total)
         self.cfg, self.resumed_from, self.show_progress, self.launch = cfg, resumed_from, progress, launch
         self._init_incarnations()
-        self._lost: list[str] = []  # the nodes the newest restart leaves out (not answering)
+        self._lost: list[str] = []  # the nodes the newest restart leaves out, and why
+        self._why_lost = "not answering"
 
     def _on_messages(self, messages: list[dict]) -> None:
         """A consumer of :func:`~workbench.runtime.live.following`: the new messages taken on the run's clock
@@ -102,7 +104,8 @@ class BatchRun(Incarnations, RunHandle):
                     train(cfg, self.run_dir, watch=watch, restart=bool(self.restarts), **launch)
                     break
                 except MPILaunchError as exc:
-                    if len(self.restarts) >= self.cfg.max_restarts or not self._checkpointed():
+                    if (len(self.restarts) >= self.cfg.max_restarts or not self._checkpointed()
+                            or not getattr(exc, "restartable", True)):
                         exc.args = (self._restarts_named(str(exc)),)  # every fault named, the last one first
                         raise
                     before, cfg = cfg, self._placement(exc, launch)
@@ -114,33 +117,55 @@ class BatchRun(Incarnations, RunHandle):
         self._write_incarnations()
 
     def _placement(self, exc, launch: dict) -> RunConfig:
-        """The next incarnation's configuration, its nodes put in ``launch``. On a virtual cluster, the nodes
-        that answer now, as many as the run's ranks need: a lost node is left out, one that is back is used
-        again, and a run short of nodes goes on at fewer ranks, down to ``min_ranks`` (``planned_ranks``: its
-        steps stay as planned). Elsewhere the run's own size (mpiexec on this machine: the machine is there).
-        Raises ``exc``, saying why, when too few ranks are left."""
+        """The next incarnation's configuration, its nodes put in ``launch``: on a virtual cluster the nodes that
+        answer now (:meth:`_on_vcluster`), inside a Slurm allocation those it still holds (:meth:`_in_allocation`),
+        elsewhere the run's own size (mpiexec on this machine: the machine is there). A run short of nodes goes
+        on at fewer ranks, down to ``min_ranks`` (``planned_ranks``: its steps stay as planned). Raises ``exc``,
+        saying why, when too few ranks are left."""
         import dataclasses
-        cfg, vcluster = self.cfg, launch.get("vcluster")
+        cfg = self.cfg
         self._lost = []
-        if vcluster is None:
+        room = self._on_vcluster(launch) if launch.get("vcluster") is not None else self._in_allocation(launch)
+        if room is None or room[0] == cfg.ranks:
             return cfg
-        from ...vcluster import VirtualCluster
-        vc = VirtualCluster.attach(vcluster) if isinstance(vcluster, str) else vcluster
-        ppn = launch.get("ppn", 1)
-        up = vc.answering()
-        launch["nodes"] = up[:-(-cfg.ranks // ppn)]
-        ranks = min(cfg.ranks, len(launch["nodes"]) * ppn)
-        self._lost = [vc.hostnames[i] for i in range(vc.nodes) if i not in up]
-        if ranks == cfg.ranks:
-            return cfg
+        ranks, nodes = room
         floor = cfg.min_ranks if cfg.min_ranks is not None else cfg.ranks
         if ranks < floor:
-            exc.args = (f"{exc}\n(no restart: {', '.join(self._lost) or 'no node'} do not answer, and the "
-                        f"{len(up)} nodes left hold {ranks} ranks, fewer than "
+            exc.args = (f"{exc}\n(no restart: {', '.join(self._lost) or 'no node'} "
+                        f"{'do not answer' if launch.get('vcluster') is not None else 'left the Slurm allocation'}, "
+                        f"and the {nodes} nodes left hold {ranks} ranks, fewer than "
                         + (f"min_ranks {floor})" if cfg.min_ranks is not None else
                            f"the run's {floor}; --min-ranks M lets it go on with fewer)"),)
             raise exc
         return dataclasses.replace(cfg, ranks=ranks, planned_ranks=cfg.ranks)
+
+    def _on_vcluster(self, launch: dict) -> tuple[int, int]:
+        """(ranks, nodes) a restart on the virtual cluster has room for: the nodes that answer the head now, as
+        many as the run needs (a lost node is left out, one that is back is used again), put in ``launch``."""
+        from ...vcluster import VirtualCluster
+        vcluster, cfg = launch["vcluster"], self.cfg
+        vc = VirtualCluster.attach(vcluster) if isinstance(vcluster, str) else vcluster
+        ppn = launch.get("ppn", 1)
+        up = vc.answering()
+        launch["nodes"] = up[:-(-cfg.ranks // ppn)]
+        self._lost = [vc.hostnames[i] for i in range(vc.nodes) if i not in up]
+        return min(cfg.ranks, len(launch["nodes"]) * ppn), len(up)
+
+    def _in_allocation(self, launch: dict) -> tuple[int, int] | None:
+        """(ranks, nodes) a restart inside the current Slurm allocation has room for: the nodes it still holds
+        (a node that failed in an ``sbatch --no-kill`` job leaves it for good), as many ranks a node as the run
+        had (``srun --nodes`` put in ``launch``); None outside an allocation or with every node still held."""
+        from ..launch import slurm
+        from ..launch.mpiexec import default_launcher
+        if (launch.get("launcher") or default_launcher()) != "srun" or not slurm.in_allocation():
+            return None
+        planned, held = slurm.allocation_nodes(), slurm.held_nodes()
+        self._lost = [node for node in planned if node not in held] if held else []
+        self._why_lost = f"no longer in Slurm job {os.environ.get('SLURM_JOB_ID')}"
+        if not self._lost:
+            return None
+        launch["srun_args"] = [*self.launch.get("srun_args", ()), f"--nodes={len(held)}"]
+        return min(self.cfg.ranks, len(held) * -(-self.cfg.ranks // len(planned))), len(held)
 
     def _restart(self, exc, before: RunConfig, cfg: RunConfig) -> None:
         """Note the fault ``exc`` (its rank, its cause, when, the nodes lost, the size the run goes on at:
@@ -156,7 +181,7 @@ class BatchRun(Incarnations, RunHandle):
         print(f"workbench train: run {self.run_id}: fault {fault['incarnation']} of at most {self.cfg.max_restarts}: "
               f"{fault['cause']}; restarting from its checkpoint"
               + (f" at step {step}" if step is not None else "") + f" on {cfg.ranks} ranks"
-              + (f" ({', '.join(fault['nodes_lost'])} left out: not answering)" if fault["nodes_lost"] else "")
+              + (f" ({', '.join(fault['nodes_lost'])} left out: {self._why_lost})" if fault["nodes_lost"] else "")
               + f" (incarnation {fault['incarnation'] + 1})", file=sys.stderr, flush=True)
         if cfg.ranks != before.ranks:
             print(f"workbench train: run {self.run_id}: {resized(before, cfg)}", file=sys.stderr, flush=True)

@@ -37,6 +37,7 @@ import os
 import secrets
 import shutil
 import socket
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,7 @@ class Cluster:
                               f"for {engines!r} pass ipp_config={{'{LAUNCHERS[engines]}EngineSetLauncher': "
                               "{'batch_template': ...}}")
         self.n, self.engines = n, engines
+        self.planned_n = n  # the engines asked for: a restart uses again a node that is back, up to these
         self.start_timeout = start_timeout
         if not isinstance(curve, bool):
             raise ConfigError(f"curve: True (CurveZMQ, the default) or False, got {curve!r}")
@@ -365,15 +367,25 @@ class Cluster:
     def restart_engines(self) -> None:
         """Replace the engines (after a failed or killed run): kill, start anew, reconnect.
 
-        The hub forgets the dead engines only after missed heartbeats, so we wait for ``n``
-        new engines (new uuids; Slurm engines may reuse the old ids) instead of for the old ones
-        to go.
+        On a virtual cluster (mpiexec engines) they start on the nodes that answer the head: with a node lost,
+        fewer engines (``n`` says how many; one line on stderr), with it back, as many as asked again
+        (:func:`~.ipp_setup.engine_room`). The hub forgets the dead engines only after missed heartbeats, so
+        we wait for ``n`` new engines (new uuids; Slurm engines may reuse the old ids) instead of for the old
+        ones to go.
         """
+        from .ipp_setup import engine_mpi_args, engine_room
         old = frozenset(self._engine_keys())
         self.kill_engines()
         self._ipp.stop_engines_sync()
+        n, nodes, lost = engine_room(self)
+        if nodes is not None:
+            self._ipp.config.MPIEngineSetLauncher.mpi_args = engine_mpi_args(self, n, nodes)
+            self.n = self._ipp.n = n
+            if lost:
+                print(f"workbench: cluster {self._ipp.cluster_id}: {n} engines, {self.planned_n} asked: "
+                      f"{', '.join(lost)} do not answer", file=sys.stderr, flush=True)
         if self._heartbeats is not None:
-            self._heartbeats.restart()
+            self._heartbeats.restart(self.n)
         self._start_engines(exclude=old)
 
     def kill_engines(self) -> None:
@@ -455,8 +467,9 @@ class Cluster:
 
         ``store``: a :class:`~workbench.store.Store`, a path, or None for the default store;
         ``False`` records nothing. ``timeout``: seconds before the run is cancelled. ``cfg.max_restarts``:
-        a run that fails with a checkpoint behind it starts again from it on new engines, as one run, while
-        no node of the engines is lost (``min_ranks``, going on at fewer ranks, is ``workbench train``'s).
+        a run that fails with a checkpoint behind it starts again from it on new engines, as one run. On a
+        virtual cluster the new engines start on the nodes that answer; a run short of them goes on at fewer
+        ranks, down to ``cfg.min_ranks`` (:meth:`~.run.Run._room`); elsewhere the engines start where they ran.
         """
         from .run import Run
         if not isinstance(cfg, RunConfig):
@@ -464,10 +477,6 @@ class Cluster:
         if cfg.ranks > self.n:
             raise ConfigError(f"ranks: this cluster has {self.n} engines; ranks must be 1..{self.n}, "
                               f"got {cfg.ranks}")
-        if cfg.min_ranks is not None:
-            raise ConfigError(f"min_ranks: a notebook's run restarts at its own size, on new engines; leave it out "
-                              f"here, or run it with `workbench train --min-ranks {cfg.min_ranks}`, which goes on at "
-                              f"fewer ranks")
         if self.active_run is not None and not self.active_run.done():
             raise RuntimeError(f"run {self.active_run.run_id} is still going: wait() or cancel() it first")
         self.start()

@@ -8,7 +8,10 @@ and a notebook's run (:class:`~.run.Run`). A mixin of :class:`~.handle.RunHandle
   failed, so every step is in the run once; the ranks' plans say when they are back (``recovery_seconds``);
 - a fault is one dict in :attr:`Incarnations.restarts` and a ``fault`` record on the run's clock;
 - at the end ``metrics.jsonl`` begins with what the failed incarnations kept, ``trace.json`` is on the run's
-  clock, and ``summary.json`` names the restarts (``restarts``, ``incarnations``, ``world_sizes``).
+  clock, and ``summary.json`` names the restarts (``restarts``, ``incarnations``, ``world_sizes``) and counts
+  the whole run: ``wall_seconds`` on its clock (the faults and restarts in it), ``bytes_sent`` over every
+  incarnation (a failed one's as its ranks' last records had their byte counters: up to a second behind);
+  the per-rank traffic fields (``wire_bytes``, ``..._per_step``) are the last incarnation's.
 """
 from __future__ import annotations
 
@@ -74,6 +77,11 @@ class Incarnations:
                  "resumed_from_step": step, "nodes_lost": list(nodes_lost), "world_size": world_size}
         self.restarts.append(fault)
         with self._lock:
+            sent: dict = {}  # each rank's byte counter as its last record had it: what the incarnation sent
+            for record in self._records[self._since:]:
+                if "wire_bytes" in record:
+                    sent[record.get("rank")] = max(sent.get(record.get("rank"), 0), record["wire_bytes"])
+            fault["bytes_sent"] = sum(sent.values())
             self._earlier += self._records[self._since:]
             self._since = len(self._records)
             # the fault on the run's clock, for the loss curve and the timeline (metrics.jsonl, the store)
@@ -103,7 +111,10 @@ class Incarnations:
         if summary_path.exists():
             summary = json.loads(summary_path.read_text())
             summary.update(restarts=self.restarts, incarnations=len(self.restarts) + 1,
-                           world_sizes=[self.cfg.ranks] + [f["world_size"] for f in self.restarts])
+                           world_sizes=[self.cfg.ranks] + [f["world_size"] for f in self.restarts],
+                           # the whole run: on its clock, faults and restarts in; every incarnation's bytes
+                           wall_seconds=round(self._offset() + summary["wall_seconds"], 3),
+                           bytes_sent=summary["bytes_sent"] + sum(f["bytes_sent"] for f in self.restarts))
             summary_path.write_text(json.dumps(summary, indent=1))
 
     def _restarts_named(self, error: str) -> str:

@@ -92,15 +92,34 @@ def _mpiexec_engines(config, cluster, guarded: list[str]) -> None:
     """``mpiexec -n N`` engines in the words of its MPI library (:mod:`workbench.mpilib`: what it needs to
     start them here, their placement on a virtual cluster's nodes), each under the rank guard, which
     records how it ended (see runtime.rankguard)."""
-    mpiexec = find_mpiexec()
-    mpi, vc = flavour_of(mpiexec), cluster.vcluster
+    mpiexec, vc = find_mpiexec(), cluster.vcluster
     # engines here in a network of their own; on a virtual cluster's nodes, mpiexec in its launcher network
     network = vc.launcher_network() if vc is not None else cluster.private_prefix or []
     config.MPIEngineSetLauncher.mpi_cmd = [*network, mpiexec]
-    placement = vc.mpiexec_args(cluster.n, cluster.ppn, wdir=vc.shared, flavour=mpi) if vc is not None else []
-    args = placement + cluster._settings["mpi_args"]
-    config.MPIEngineSetLauncher.mpi_args = mpi.start_args(cluster.n, placed=mpi.placed(args)) + args
+    config.MPIEngineSetLauncher.mpi_args = engine_mpi_args(cluster, cluster.n)
     config.MPIEngineSetLauncher.engine_cmd = guarded
+
+
+def engine_mpi_args(cluster, n: int, nodes=None) -> list[str]:
+    """The engines' mpiexec arguments for ``n`` engines: on a virtual cluster placed ``ppn`` a node on
+    ``nodes`` (its node indices; default all), then the user's ``mpi_args``."""
+    mpi, vc = flavour_of(find_mpiexec()), cluster.vcluster
+    placement = vc.mpiexec_args(n, cluster.ppn, wdir=vc.shared, flavour=mpi, nodes=nodes) if vc is not None else []
+    args = placement + cluster._settings["mpi_args"]
+    return mpi.start_args(n, placed=mpi.placed(args)) + args
+
+
+def engine_room(cluster) -> tuple[int, list[int] | None, list[str]]:
+    """Where a restart of ``cluster``'s engines goes: ``(n, nodes, lost)``. On a virtual cluster with mpiexec
+    engines, the nodes that answer the head now, as many as the ``n`` it was made with need (fewer engines
+    when nodes are lost; a node that is back is used again) and the hostnames of those that do not answer;
+    elsewhere ``(planned n, None, [])``: the engines start where they ran."""
+    vc, planned = cluster.vcluster, cluster.planned_n
+    if vc is None or cluster.engines != "mpi":
+        return planned, None, []
+    up = vc.answering()
+    nodes = up[:-(-planned // cluster.ppn)]
+    return min(planned, len(nodes) * cluster.ppn), nodes, [vc.hostnames[i] for i in range(vc.nodes) if i not in up]
 
 
 def _controller_config(profile_dir: Path, cluster_id: str, curve: bool) -> Path:

@@ -75,6 +75,9 @@ class Run(Incarnations, RunHandle):
         self._init_incarnations()
         self._pending_fault: str | None = None  # a failure a restart may come back from, until it is decided
         self._pending_outcome: str | None = None  # how the newest incarnation ended, decided before a restart
+        self._now = cfg  # the newest incarnation's configuration (fewer ranks after a node was lost: min_ranks)
+        self._next: tuple[RunConfig, list[str]] | None = None  # the next one's, and the nodes it leaves out
+        self._no_room: str | None = None  # why a failure is not restarted from: too few nodes answer
         self._timeout = timeout
         self.started = time.time()
         self._record_start(sweep_id=sweep_id, sweep_key=sweep_key)
@@ -176,7 +179,7 @@ class Run(Incarnations, RunHandle):
                     self._hard_stop("failed", f"engines of ranks {dead} died and the run did not end; it was "
                                               "stopped")
                     break
-                lost = self.cluster.lost(self.cfg.ranks)
+                lost = self.cluster.lost(self._now.ranks)
                 if lost:  # a node cut off or hung: nothing will end by itself
                     from ..launch.heartbeat import describe
                     self._hard_stop("failed", f"{describe(lost, self.cluster.hosts)}; the run was stopped")
@@ -197,10 +200,34 @@ class Run(Incarnations, RunHandle):
                 self.error = f"run timed out after {self._timeout:g} s and was cancelled"
 
     def _may_restart(self) -> bool:
-        """A failure now would be come back from: restarts left, not cancelled, a checkpoint there, and the
-        engines can be started again where they ran (no node lost: a notebook's run restarts at its size)."""
-        return (len(self.restarts) < self.cfg.max_restarts and not self._cancel_requested and self._checkpointed()
-                and not self.cluster.lost() and not self.cluster.failed_nodes())
+        """A failure now would be come back from: restarts left, not cancelled, a checkpoint there, and room
+        for the next incarnation (:meth:`_room`, kept in ``_next``)."""
+        if len(self.restarts) >= self.cfg.max_restarts or self._cancel_requested or not self._checkpointed():
+            return False
+        self._next = self._room()
+        return self._next is not None
+
+    def _room(self) -> tuple[RunConfig, list[str]] | None:
+        """The next incarnation's configuration and the nodes it leaves out. On a virtual cluster (mpiexec
+        engines), the engines start again on the nodes that answer (:func:`~.ipp_setup.engine_room`): a run
+        short of them goes on at fewer ranks, down to ``min_ranks`` (``planned_ranks``: its steps as planned),
+        and with fewer than that there is no restart (the reason added to ``error``). Elsewhere the engines
+        start again where they ran, unless their node is lost (None)."""
+        import dataclasses
+        from .ipp_setup import engine_room
+        cfg = self.cfg
+        n, nodes, lost = engine_room(self.cluster)
+        if nodes is None:
+            return None if self.cluster.lost() or self.cluster.failed_nodes() else (cfg, [])
+        ranks = min(cfg.ranks, n)
+        if ranks == cfg.ranks:
+            return cfg, lost
+        if cfg.min_ranks is None or ranks < cfg.min_ranks:
+            self._no_room = (f"(no restart: {', '.join(lost)} do not answer, and the nodes left hold {ranks} ranks, "
+                             + (f"fewer than min_ranks {cfg.min_ranks})" if cfg.min_ranks is not None else
+                                f"fewer than the run's {cfg.ranks}; min_ranks lets it go on with fewer)"))
+            return None
+        return dataclasses.replace(cfg, ranks=ranks, planned_ranks=cfg.ranks), lost
 
     def _restarted(self) -> bool:
         """After an incarnation ended: if it failed and :meth:`_may_restart`, the fault noted (one line on
@@ -212,17 +239,22 @@ class Run(Incarnations, RunHandle):
             self._pending_outcome = self._ending()
             if self._pending_outcome != "failed" or not self._may_restart():
                 return False
+        from .batch_run import resized
         error, rank = self._pending_fault or self.error or "failed", self.failed_rank
         step = None if self.cfg.spec.master_based else latest_step(self.run_dir)
-        fault = self._note_fault(rank, error.splitlines()[0], step, self.cfg.ranks)
+        before, (cfg, lost) = self._now, self._next
+        fault = self._note_fault(rank, error.splitlines()[0], step, cfg.ranks, lost)
         print(f"workbench: run {self.run_id}: fault {fault['incarnation']} of at most {self.cfg.max_restarts}: "
               f"{fault['cause']}; restarting from its checkpoint" + (f" at step {step}" if step is not None else "")
-              + f" on new engines (incarnation {fault['incarnation'] + 1})", file=sys.stderr, flush=True)
+              + f" on {cfg.ranks} new engines" + (f" ({', '.join(lost)} left out: not answering)" if lost else "")
+              + f" (incarnation {fault['incarnation'] + 1})", file=sys.stderr, flush=True)
+        if cfg.ranks != before.ranks:
+            print(f"workbench: run {self.run_id}: {resized(before, cfg)}", file=sys.stderr, flush=True)
         self.error = self.failed_rank = self._first_dead = self._pending_fault = self._pending_outcome = None
-        self._killed = False
+        self._killed, self._now = False, cfg
         self.launcher.stop()
         self.cluster.restart_engines()
-        self.launcher = Engines(self.cluster, self.config, str(self.run_dir), self.address, self.run_id,
+        self.launcher = Engines(self.cluster, cfg.to_dict(), str(self.run_dir), self.address, self.run_id,
                                 self._secret, resume=str(self.run_dir))
         self._launching()
         self.launcher.start()
@@ -268,9 +300,13 @@ class Run(Incarnations, RunHandle):
             if status == "failed" and self._may_restart():
                 self._pending_fault = error or self.error  # :meth:`_restarted` comes back from it
             else:
-                self._transition(status, self._restarts_named(error) if error else error, if_running=True)
+                self._transition(status, self._final_error(error) if error else error, if_running=True)
         self._killed = True
         self.launcher.stop()
+
+    def _final_error(self, error: str) -> str:
+        """The error a run ends with: every earlier fault named, and why it did not restart (too few nodes)."""
+        return self._restarts_named(error + (f"\n{self._no_room}" if self._no_room else ""))
 
     def _dead_engine(self) -> tuple[int | None, str] | None:
         """If an engine process died, the first to die as the cause: (its rank, how it died, with its
@@ -339,6 +375,6 @@ class Run(Incarnations, RunHandle):
         if self.status == "running":  # the engines returned (cleanly or with an error)
             outcome = self._pending_outcome or self._ending()
             if outcome == "failed" and self.error:
-                self.error = self._restarts_named(self.error)
+                self.error = self._final_error(self.error)
             self._transition(outcome, if_running=True)  # unless cancel() stopped it meanwhile
         self._end()

@@ -132,15 +132,19 @@ def _on_vcluster(cfg: RunConfig, run_dir, resume, vcluster, ppn: int, nodes=None
 
 def _node_failure(exc: RunInterrupted) -> MPILaunchError | None:
     """Inside a Slurm job, SIGTERM may be Slurm ending the job because a node failed: that is a
-    failure, named with the failed nodes and the ranks that ran there; None for any other signal."""
+    failure, named with the failed nodes and the ranks that ran there, and not one to restart from
+    (``restartable`` False: the allocation goes); None for any other signal."""
     lost = slurm.failed_nodes(slurm.allocation_nodes()) if slurm.in_allocation() and exc.signum == 15 else {}
     if not lost:
         return None
     ranks = {node: sorted(r for r, h in exc.hosts.items() if h == node) for node in lost}
-    return MPILaunchError("; ".join(f"node {node} failed ({why})" + (f": rank {', '.join(map(str, ranks[node]))} ran "
-                                    "there" if ranks[node] else "") for node, why in lost.items())
-                          + f"; Slurm cancelled job {os.environ.get('SLURM_JOB_ID')} and with it the run",
-                          sorted(r for rs in ranks.values() for r in rs), "")
+    error = MPILaunchError("; ".join(f"node {node} failed ({why})" + (f": rank {', '.join(map(str, ranks[node]))} ran "
+                                     "there" if ranks[node] else "") for node, why in lost.items())
+                           + f"; Slurm cancelled job {os.environ.get('SLURM_JOB_ID')} and with it the run (sbatch "
+                           "--no-kill keeps the allocation when a node fails, and --max-restarts then restarts the run "
+                           "on the nodes left)", sorted(r for rs in ranks.values() for r in rs), "")
+    error.restartable = False  # the allocation is going: nothing to restart on
+    return error
 
 
 def _not_one_job(exc: MPILaunchError, launcher: str, nranks: int) -> MPILaunchError:

@@ -126,6 +126,19 @@ def allocation_nodes() -> list[str]:
     return proc.stdout.split() if proc is not None and proc.returncode == 0 else []
 
 
+def held_nodes() -> list[str]:
+    """The nodes the current allocation holds now (``scontrol show job``'s NodeList, expanded): fewer than
+    :func:`allocation_nodes` once a node of a ``--no-kill`` job has failed (Slurm takes it out of the job);
+    [] outside an allocation or when Slurm cannot tell."""
+    job = os.environ.get("SLURM_JOB_ID")
+    proc = _run(["scontrol", "show", "job", "-o", job]) if job else None
+    found = re.search(r"(?:^|\s)NodeList=(\S+)", proc.stdout) if proc is not None and proc.returncode == 0 else None
+    if found is None or found.group(1) == "(null)":
+        return []
+    proc = _run(["scontrol", "show", "hostnames", found.group(1)])
+    return proc.stdout.split() if proc is not None and proc.returncode == 0 else []
+
+
 def failed_nodes(names) -> dict[str, str]:
     """Of the nodes ``names``, those Slurm has taken out of service (down, drained, failed, not
     responding): node -> ``"Slurm: down*, Not responding"``; {} when none is or Slurm cannot tell."""
