@@ -8,7 +8,8 @@ under Open MPI (ULFM), without a fault and with worker 3's process killed at 40%
 Per run: the seconds from the fault to its detection (the restart's ``detected``), from the detection to the
 ranks being back (``recovery_seconds``: their plans), the steps redone (from the checkpoint to where the
 workers were at the fault), the wall seconds of the whole ``workbench train`` against the run without the
-fault, the final test accuracy against it, and the world sizes.
+fault, the bytes the ranks sent over the whole run (every incarnation) against it, the final test accuracy
+against it, and the world sizes.
 
     python benchmarks/faults.py [--families sync-sgd,diloco,async-easgd] [--epochs 3] [--subset 12000]
 
@@ -98,7 +99,7 @@ def one_run(vc, family: str, args, fault: str | None, scratch: Path, python: str
         return row
     summary = json.loads((run_dir / "summary.json").read_text())
     row.update(final_test_accuracy=summary["final_test_accuracy"], steps_per_worker=summary.get("steps_per_worker"),
-               bytes_sent_last_incarnation=summary.get("bytes_sent"), world_sizes=summary.get("world_sizes", [4]))
+               bytes_sent=summary.get("bytes_sent"), world_sizes=summary.get("world_sizes", [4]))  # every incarnation's
     for fault_record in summary.get("restarts", []):
         row["detection_seconds"] = round(fault_record["detected"] - row["fault_time"], 2)
         row["recovery_seconds"] = fault_record.get("recovery_seconds")
@@ -169,8 +170,8 @@ def main() -> None:
     write_report(args.json, report, load)
     clean = {(r["family"], r["where"], r["ranks"]): r for r in rows if r["fault"] is None}
     print("\n| where | family | fault | at step | detection s | recovery s | steps redone | wall s (no fault) | "
-          "accuracy (no fault; at 3 ranks) | sizes |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "MB sent (no fault) | accuracy (no fault; at 3 ranks) | sizes |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         if r["fault"] is None:
             continue
@@ -180,8 +181,14 @@ def main() -> None:
         print(f"| {r['where']} | {r['family']} | {r['fault']} | {r.get('fault_at_step')} | "
               f"{r.get('detection_seconds', served_on or '-')} | {r.get('recovery_seconds', '-')} | "
               f"{r.get('steps_redone', '-')} | {r['wall_seconds_cli']} ({base.get('wall_seconds_cli', '-')}) | "
+              f"{_mb(r)} ({_mb(base)}) | "
               f"{r.get('final_test_accuracy', 'failed')} ({base.get('final_test_accuracy', '-')}; {small}) | "
               f"{r.get('world_sizes', '-')} |")
+
+
+def _mb(row: dict) -> str:
+    """A run's bytes sent, in MB, or '-'."""
+    return f"{row['bytes_sent'] / 1e6:.0f}" if row.get("bytes_sent") is not None else "-"
 
 
 if __name__ == "__main__":

@@ -245,7 +245,7 @@ class Run(Incarnations, RunHandle):
         before, (cfg, lost) = self._now, self._next
         fault = self._note_fault(rank, error.splitlines()[0], step, cfg.ranks, lost)
         print(f"workbench: run {self.run_id}: fault {fault['incarnation']} of at most {self.cfg.max_restarts}: "
-              f"{fault['cause']}; restarting from its checkpoint" + (f" at step {step}" if step is not None else "")
+              f"{fault['cause'].rstrip('.')}; restarting from its checkpoint" + (f" at step {step}" if step is not None else "")
               + f" on {cfg.ranks} new engines" + (f" ({', '.join(lost)} left out: not answering)" if lost else "")
               + f" (incarnation {fault['incarnation'] + 1})", file=sys.stderr, flush=True)
         if cfg.ranks != before.ranks:
