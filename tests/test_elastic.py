@@ -115,6 +115,51 @@ def test_a_killed_rank_restarts_from_the_checkpoint_and_the_run_ends_as_if_never
     assert list(drawn.x) == [mark["t"]] and "signal 9" in drawn.hovertext[0]
 
 
+#: two ranks save a checkpoint at step 10 (lock-step: every rank's part; master-based: each its own); then each
+#: dies while writing a file of step 20 (half a file on disk, then the process is gone, as with its node): rank 1
+#: its part of the lock-step checkpoint, rank 0 its own checkpoint
+DIES_MID_CHECKPOINT = """
+import os, sys
+from pathlib import Path
+import torch
+from mpi4py import MPI
+from workbench.runtime.rank import checkpoint
+comm, run_dir = MPI.COMM_WORLD, Path(sys.argv[1])
+checkpoint.save(run_dir, 10, {"w": torch.full((4,), 10.0 + comm.rank)}, comm)
+checkpoint.save_own(run_dir, comm.rank, 2, {"w": torch.full((4,), 10.0 + comm.rank)})
+comm.Barrier()
+def dies(obj, path, *args, **kwargs):
+    with open(path, "wb") as half:
+        half.write(open(sys.argv[2], "rb").read()[:100])
+    os._exit(9)
+torch.save = dies
+if comm.rank == 1:
+    checkpoint.save(run_dir, 20, {"w": torch.full((4,), 20.0 + comm.rank)}, comm)
+else:
+    checkpoint.save_own(run_dir, comm.rank, 2, {"w": torch.full((4,), 20.0 + comm.rank)})
+"""
+
+
+@pytest.mark.mpi
+def test_a_checkpoint_being_written_when_a_rank_dies_is_never_the_one_a_restart_loads(tmp_path):
+    """Issue 46: a rank dies half-way through writing its file of a checkpoint: a restart loads the complete one
+    before it (the manifest still names step 10, the own file is still step 10's), never the half file."""
+    from workbench.runtime.launch.blame import MPILaunchError
+    from workbench.runtime.launch.launcher import run_mpi
+    from workbench.runtime.rank import checkpoint
+    script, run_dir = tmp_path / "dies.py", tmp_path / "run"
+    script.write_text(DIES_MID_CHECKPOINT)
+    with pytest.raises(MPILaunchError) as info:
+        run_mpi(2, [str(script), str(run_dir), str(run_dir / "checkpoint" / "step-000010" / "rank1.pt")],
+                timeout=120, cwd=ROOT)
+    assert "exited with code 9" in str(info.value), str(info.value)
+    half = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*.tmp"))
+    assert [h.split(".pt.")[0] for h in half] == ["checkpoint/async/.rank0", "checkpoint/step-000020/.rank1"], half
+    assert checkpoint.latest_step(run_dir) == 10
+    assert [float(checkpoint.load(run_dir, r, 2)["w"][0]) for r in (0, 1)] == [10.0, 11.0]
+    assert [float(checkpoint.load_own(run_dir, r, 2)["w"][0]) for r in (0, 1)] == [10.0, 11.0]
+
+
 @pytest.mark.mpi
 def test_a_run_that_exhausts_its_restarts_ends_failed_with_every_fault_named(tmp_path):
     done = subprocess.run(_cli(tmp_path, "run", "--algorithm", "sync-sgd", "--ranks", "2", "--epochs", "3",
