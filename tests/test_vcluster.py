@@ -470,20 +470,6 @@ def test_a_nodes_processes_killed_are_named_with_rank_and_node(vc4):
     _next_job_runs(vc4)
 
 
-def test_a_run_comes_back_from_a_killed_node_with_max_restarts(vc4, tmp_path):
-    """Issue 46: a node crashes mid-run (every process on it killed); `--max-restarts 1` starts the job again on
-    the same nodes from the newest checkpoint, and the run finishes as one run that names the fault."""
-    run_dir = Path(vc4.shared) / f"elastic-{os.getpid()}"
-    done, _ = _train_killing(vc4, run_dir, tmp_path / "store.sqlite", 2, "--max-restarts", "1", down=False)
-    assert done.returncode == 0, done.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    [fault] = summary["restarts"]
-    assert fault["rank"] == 2 and f"node {vc4.name}-2" in fault["cause"] and fault["resumed_from_step"] >= 50, fault
-    assert summary["incarnations"] == 2 and "fault 1 of at most 1: rank 2 on node" in done.stderr
-    assert summary["world_sizes"] == [4, 4] and fault["nodes_lost"] == []
-    assert _nothing_runs(vc4) == []
-
-
 def _train_killing(vc, run_dir: Path, store: Path, node: int, *args: str, algorithm: str = "sync-sgd",
                    down: bool = True) -> tuple[subprocess.CompletedProcess, float]:
     """`workbench train` of ``algorithm`` on 4 ranks of ``vc`` with ``args``; node ``node`` crashed once rank 2
@@ -548,26 +534,6 @@ def test_a_run_goes_on_at_fewer_ranks_without_a_crashed_node_with_min_ranks(vc4,
     finally:
         for node in (1, 2):
             vc4.restore(node)
-
-
-def test_a_master_based_run_goes_on_with_a_worker_fewer_after_a_crashed_node(vc4, tmp_path):
-    """Issue 46, the master-based family: a worker's node crashes for good; with `--min-ranks 3` the run starts
-    again from each rank's own checkpoint with the master and the two workers whose nodes answer, and finishes."""
-    run_dir = Path(vc4.shared) / f"shrink-async-{os.getpid()}"
-    try:
-        done, _ = _train_killing(vc4, run_dir, tmp_path / "store.sqlite", 3, "--max-restarts", "1", "--min-ranks", "3",
-                                 algorithm="async-easgd")
-        assert done.returncode == 0, done.stderr[-3000:]
-        summary = json.loads((run_dir / "summary.json").read_text())
-        [fault] = summary["restarts"]
-        assert summary["world_sizes"] == [4, 3] and fault["nodes_lost"] == [f"{vc4.name}-3"], summary
-        assert summary["final_test_accuracy"] > 0.5 and summary["workers"] == 2, summary
-        resumed = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-        resumed = {r["rank"]: r for r in resumed if r.get("kind") == "resume"}
-        assert sorted(resumed) == [0, 1, 2] and resumed[0]["arrivals"] > 0 and resumed[1]["step"] > 0, resumed
-        assert _nothing_runs(vc4) == []
-    finally:
-        vc4.restore(3)
 
 
 def test_a_nodes_launcher_process_killed_ends_its_ranks_and_is_named(vc4):
