@@ -191,7 +191,10 @@ class OpenMPI(MPIFlavour):
 
     def survivors_args(self) -> list[str] | None:
         """Open MPI 5 carries ULFM: ``--with-ft ulfm`` keeps the job going when a rank dies, and the ranks that
-        talk to it get ``MPI_ERR_PROC_FAILED`` (measured with 5.0.11: the others finish, exit code 0)."""
+        talk to it get ``MPI_ERR_PROC_FAILED`` (measured with 5.0.11: the others finish, exit code 0). Not when a
+        node dies with the rank: the node's ``prted`` lost, prterun exits 0 and the ranks on the other nodes are
+        SIGTERMed, with ``--enable-recovery`` too (measured on a virtual cluster, 2026-11-29); the run then
+        restarts (``max_restarts``)."""
         return ["--with-ft", "ulfm"]
 
     def output_args(self, output_dir: str) -> list[str]:
