@@ -134,3 +134,10 @@ def test_label_smoothing_reaches_the_ranks_loss(tmp_path):
     loss = {s: train(RunConfig(algorithm="sync-sgd", ranks=2, epochs=1, label_smoothing=s),
                      tmp_path / str(s))["final_loss"] for s in (0.0, 0.5)}
     assert loss[0.5] > loss[0.0] + 0.2, loss
+
+
+def test_the_repr_shows_the_algorithm_and_what_differs_from_the_defaults():
+    cfg = RunConfig(algorithm="diloco", ranks=8, epochs=3, sync_every=25, lr=0.01)
+    assert repr(cfg) == "RunConfig(algorithm='diloco', ranks=8, epochs=3, lr=0.01, sync_every=25)"
+    assert repr(RunConfig()) == "RunConfig(algorithm='sync-easgd')"  # the default algorithm, named all the same
+    assert eval(repr(cfg), {"RunConfig": RunConfig}) == cfg  # it reads back as the same run

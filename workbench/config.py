@@ -93,7 +93,7 @@ class Hyper(NamedTuple):
 
 @dataclass
 class RunConfig:
-    """One training run. See README "Training" for what each knob does."""
+    """One training run (docs/getting-started.md, "In a notebook"; every option: ``workbench train --help``)."""
 
     algorithm: str = option("sync-easgd", "the training algorithm (`workbench algorithms`), or "
                                           "'package.module:NAME' for an Algorithm defined in your module",
@@ -388,6 +388,15 @@ class RunConfig:
             raise ConfigError(f"batch_size {self.batch_size} is larger than a worker's shard "
                               f"({shard} samples: {train} training samples over {self.workers} "
                               f"workers)")
+
+    def __repr__(self) -> str:
+        """``RunConfig(algorithm='diloco', ranks=8, epochs=3)``: the algorithm and the fields that differ from their
+        defaults, as scikit-learn prints an estimator (:meth:`to_dict` has every field)."""
+        def default(f: dataclasses.Field) -> Any:
+            return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
+                 if f.name == "algorithm" or getattr(self, f.name) != default(f)]
+        return f"RunConfig({', '.join(shown)})"
 
     # -- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

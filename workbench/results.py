@@ -65,7 +65,7 @@ def step_seconds(history: pd.DataFrame, skip: int = 0) -> list[float]:
 class RunObserver:
     """Base class for whoever watches a live run (dask-style: do-nothing hooks).
 
-    A live :class:`~workbench.runtime.client.cluster.Run` calls the hooks from its receiver thread;
+    A live :class:`~workbench.runtime.client.run.Run` calls the hooks from its receiver thread;
     keep them cheap (the dashboard only marks itself dirty and redraws at <= 2 Hz).
     """
 

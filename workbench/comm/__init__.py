@@ -1,7 +1,8 @@
 """Execution over MPI: the flat buffers, the schedule executor, ``allreduce`` with ``auto`` (an
 ordered list of implementations) and its tuning table, and the nonblocking ``iallreduce``
-(:mod:`~workbench.comm.nonblocking`). The gradient-communication strategies
-(fusion, overlap, wire precision, sparse) will live here too.
+(:mod:`~workbench.comm.nonblocking`), and the gradient-communication strategies: fusion and overlap
+(:mod:`~workbench.comm.strategies`), wire precision and sparse communication as hooks
+(:mod:`~workbench.comm.hooks`).
 
 Only what runs on ranks needs ``mpi4py``: the names (:mod:`~workbench.comm.names`) are pure, and
 everything else loads on first use, so ``RunConfig`` and the CLI can check names without MPI.

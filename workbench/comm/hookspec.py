@@ -16,7 +16,7 @@ it starts the bucket's reduction and returns a :class:`~workbench.comm.hooks.Wor
 when that work is done ``bucket.buffer`` must hold the **sum** over ranks (the optimizer divides
 by the rank count). ``state`` is a :class:`~workbench.comm.hooks.HookState` of its own, one per
 run and rank, on which the hook may keep what it likes. With ``wire_dtype`` fp16/bf16 the hook is
-wrapped in :func:`~workbench.comm.hooks.wire_precision`, as the built-in ones are: what it sends
+wrapped in :func:`~workbench.comm.precision.wire_precision`, as the built-in ones are: what it sends
 through ``bucket.wire.allreduce`` travels in half precision.
 """
 from __future__ import annotations

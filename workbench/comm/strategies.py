@@ -17,12 +17,12 @@ strategies compose in one order:
 - **overlap**: ``register_post_accumulate_grad_hook`` marks a parameter ready; a bucket whose
   parameters are all ready is issued from inside backward, and every hook call advances the
   nonblocking all-reduces in flight (:func:`workbench.comm.nonblocking.progress`).
-- **wire precision** (:func:`~workbench.comm.hooks.wire_precision`): fp16 / bf16 copies travel,
+- **wire precision** (:func:`~workbench.comm.precision.wire_precision`): fp16 / bf16 copies travel,
   pre-divided by the rank count (fp16 also multiplied by a dynamic loss scale); with
   ``native``/``auto`` both run the ``ring`` schedule (MPI has no bf16 sum, MPICH's fp16 sum is
   slow), whose every step's partial sum is rounded; an overflow on any rank makes every rank
   skip the step: the decision is all-reduced (one float, counted as a message).
-- **CSC** (:func:`~workbench.comm.hooks.csc_hook`, coarse-grained sparse communication): per
+- **CSC** (:func:`~workbench.comm.csc.csc_hook`, coarse-grained sparse communication): per
   bucket, chunks of ``sparse_chunk`` elements; the chunks' L1 norms are all-reduced; every rank
   selects the same top ``ceil(ratio * K)`` chunks (ties by lower index: a stable sort) and
   all-reduces only those, packed; the rest stays in a residual; momentum correction
@@ -77,7 +77,7 @@ class GradientReducer:
     """Buckets, overlaps and waits for one model's flat gradient pool (see the module docstring).
 
     ``hook`` and ``state``: the communication hook and its state (DDP's ``register_comm_hook(state,
-    hook)``); by default the ones ``options`` call for (:func:`~workbench.comm.hooks.make_hook`:
+    hook)``); by default the ones ``options`` call for (:func:`~workbench.comm.strategies.make_hook`:
     dense or CSC, in wire precision when the wire dtype is fp16/bf16). A ``hook`` without a
     ``state`` gets a plain :class:`~workbench.comm.hooks.HookState`, wrapped in wire precision
     like the built-in ones. ``options`` give the buckets (``fusion_bytes``) and ``overlap``.

@@ -81,7 +81,7 @@ class Cluster:
         account, queue, timelimit: batch-system settings (``#SBATCH --account``,
             ``--partition``, ``--time`` for Slurm; the same meaning for PBS/SGE/LSF).
         options: extra directive lines for the engines' batch script, e.g.
-            ``"#SBATCH --gres=gpu:4\n#SBATCH --constraint=a100"``.
+            ``"#SBATCH --gres=gpu:4\\n#SBATCH --constraint=a100"``.
         mpi_args: extra ``mpiexec`` arguments (``engines="mpi"``).
         srun_args: extra arguments of the engines' ``srun`` (``engines="slurm"``), e.g.
             ``["--mpi=pmi2"]`` where the site's ``MpiDefault`` gives ranks no PMI.
