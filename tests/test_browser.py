@@ -38,7 +38,7 @@ def lab(tmp_path):
     root, state = tmp_path / "lab", Path(tempfile.mkdtemp(prefix="wb-lab-"))
     root.mkdir()
     # a copy (the lab autosaves: never touch the repository's), on 4,096 rows of each split: this test is
-    # about the page (nbval runs the notebook itself on the whole data set)
+    # about the page (tests/test_notebooks.py runs the notebook itself on the whole data set)
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     set_parameters(notebook, SUBSET=4096)
     nbformat.write(notebook, root / NOTEBOOK.name)

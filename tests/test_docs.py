@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,9 +55,11 @@ def test_every_cited_section_of_the_docs_exists():
 
 
 def test_the_pages_link_to_files_that_exist():
+    """Each link of a page under docs/ is to a file that exists, or to a page the site generates."""
+    generated = re.search(r"GENERATED = \(([^)]*)\)", (ROOT / "tools" / "docs.py").read_text()).group(1)
     for page in (ROOT / "docs").glob("*.md"):
         for target in re.findall(r"\]\(([^)#\s]+)", page.read_text()):
-            if "://" not in target:
+            if "://" not in target and f'"{target}"' not in generated:
                 assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
 
 
@@ -73,3 +76,65 @@ def test_every_benchmark_records_the_machine_and_its_load():
     assert not missing, f"record machine=describe() and load_average=Load().done() in {missing}"
     # `workbench bench allreduce --json` (make bench) writes its JSON from the package
     assert "describe()" in (ROOT / "workbench" / "bench" / "allreduce.py").read_text()
+
+
+def test_the_readme_is_a_front_door_whose_links_lead_somewhere():
+    """Issue 47: the README says what this is, how to start and where to read more, in under 200 lines; each of
+    its links is to a file of the repository that exists."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) < 200, len(text.splitlines())
+    for section in ("## Two commands", "## A first run", "## What is inside", "## Notebooks", "## Documentation",
+                    "## License"):
+        assert section in text, section
+    for target in re.findall(r"\]\(([^)#\s]+)", text):
+        if "://" not in target:
+            assert (ROOT / target).exists(), f"README.md links to {target}, which does not exist"
+
+
+def test_the_site_links_each_page_to_the_sites_copy_and_names_other_files():
+    """tools/docs.py rewrites a page's links for the site: to the site's copy of a page, the results, the changelog
+    or a notebook; any other file of the repository becomes its path in code type (the site has no copy)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("docs_tool", ROOT / "tools" / "docs.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    text = ("[a](docs/faults.md#under-slurm) [b](benchmarks/README.md) [c](notebooks/09_a_lost_node.ipynb) "
+            "[d](workbench/config.py) [e](https://example.org/x) [f](CHANGELOG.md)")
+    assert tool.relink(text, "README.md", "index.md") == (
+        "[a](faults.md#under-slurm) [b](results.md) [c](notebooks/09_a_lost_node.ipynb) d (`workbench/config.py`) "
+        "[e](https://example.org/x) [f](changelog.md)")
+    assert tool.relink("[r](../benchmarks/README.md#a-lost-node) [p](papers.md)", "docs/faults.md", "faults.md") == \
+        "[r](results.md#a-lost-node) [p](papers.md)"
+    assert tool.relink("[q](../README.md)", "notebooks/README.md", "notebooks/index.md") == "[q](../index.md)"
+    reference = tool.cli_reference()
+    assert "## workbench train" in reference and "--max-restarts" in reference and "### workbench vcluster up" in reference
+
+
+#: run in a process of its own (it imports every module a docstring names, mpi4py's MPI among them)
+XREF = """
+import importlib, pathlib, re, sys
+bad = set()
+for path in sorted(pathlib.Path("workbench").rglob("*.py")):
+    for name in re.findall(r":(?:func|class|mod|meth|data|attr):`~?(workbench(?:\\.\\w+)+)`", path.read_text()):
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            try:
+                for attribute in parts[i:]:
+                    obj = getattr(obj, attribute)
+            except AttributeError:
+                bad.add(f"{path}: {name}")
+            break
+print("\\n".join(sorted(bad)))
+"""
+
+
+def test_every_cross_reference_in_a_docstring_names_something_that_exists():
+    """Issue 47: ``:func:`~workbench.x.y``` in a docstring names a module, class or function that is there (the
+    API reference renders them; a name moved to another module left stale references behind)."""
+    done = subprocess.run([sys.executable, "-c", XREF], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "", f"stale references:\n{done.stdout}"

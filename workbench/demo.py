@@ -144,15 +144,18 @@ def _megabytes(path: Path) -> str:
     return f"{path.stat().st_size / 1e6:.1f} MB"
 
 
-def _execute(notebook) -> None:
-    """Run every cell of ``notebook`` in a kernel whose sockets are Unix sockets in a 0700 folder (no other
-    user of the machine reaches it), then shut the kernel down."""
+def execute(notebook, cwd: str | os.PathLike | None = None, timeout: float = 900) -> None:
+    """Run every cell of ``notebook`` (in place: its outputs filled in) in a kernel whose sockets are Unix sockets
+    in a 0700 folder (no other user of the machine reaches it), in ``cwd`` (default this directory), each cell
+    within ``timeout`` seconds, then shut the kernel down. A cell that raises raises nbclient's
+    ``CellExecutionError``, naming the cell."""
     from jupyter_client import KernelManager
     from nbclient import NotebookClient
     with tempfile.TemporaryDirectory(prefix="wb-kernel-") as sockets:
         kernel = KernelManager(kernel_name="python3", transport="ipc", ip=os.path.join(sockets, "k"))
         try:
-            NotebookClient(notebook, km=kernel, timeout=900, resources={"metadata": {"path": str(Path.cwd())}}).execute()
+            NotebookClient(notebook, km=kernel, timeout=timeout,
+                           resources={"metadata": {"path": str(cwd or Path.cwd())}}).execute()
         finally:
             if kernel.has_kernel:
                 kernel.shutdown_kernel()
@@ -197,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no virtual cluster ({why}); training on this host", flush=True)
     print(f"executing {args.notebook} ...", flush=True)
     try:
-        _execute(notebook)
+        execute(notebook)
     finally:
         if vc is not None:
             vc.down()
