@@ -108,6 +108,9 @@ def test_the_site_links_each_page_to_the_sites_copy_and_names_other_files():
     assert tool.relink("[q](../README.md)", "notebooks/README.md", "notebooks/index.md") == "[q](../index.md)"
     reference = tool.cli_reference()
     assert "## workbench train" in reference and "--max-restarts" in reference and "### workbench vcluster up" in reference
+    from workbench.optim.registry import ALGORITHMS
+    rows = [line for line in tool.algorithms_reference().splitlines() if line.startswith("| `")]
+    assert [row.split("`")[1] for row in rows] == list(ALGORITHMS)  # one row each, from the definitions
 
 
 #: run in a process of its own (it imports every module a docstring names, mpi4py's MPI among them)

@@ -36,7 +36,7 @@ EXECUTED = ROOT / "build" / "notebooks"  # the notebooks as tests/test_notebooks
 COPIES = {"README.md": "index.md", "CHANGELOG.md": "changelog.md", "benchmarks/README.md": "results.md",
           "notebooks/README.md": "notebooks/index.md"}
 #: the pages the site generates (docs/ may link to them; they exist on the site only)
-GENERATED = ("cli-reference.md", "api.md")
+GENERATED = ("cli-reference.md", "api.md", "algorithms.md")
 LINK = re.compile(r"(!?\[[^\]]*\])\(([^)\s]+)\)")
 #: the API reference: the objects a user imports, by page section
 API = {
@@ -132,6 +132,35 @@ def options_table() -> list[str]:
     return rows + [""]
 
 
+#: where each family's paper and its reproduction are told (docs/papers.md)
+FAMILY_PAPER = {"lock-step": "papers.md#1-easgd-for-hpc-clusters-you-buluc-demmel-sc17",
+                "master-based": "papers.md#1-easgd-for-hpc-clusters-you-buluc-demmel-sc17",
+                "periodic": "papers.md#5-easgds-descendants-local-sgd-diloco-streaming-diloco-issue-25"}
+
+
+def algorithms_reference() -> str:
+    """The built-in training algorithms, from their definitions (``workbench/optim/registry.py``)."""
+    sys.path.insert(0, str(ROOT))
+    from workbench.optim.definition import EXCHANGES
+    from workbench.optim.registry import ALGORITHMS
+    out = ["# The training algorithms", "", f"The {len(ALGORITHMS)} built-in algorithms, as their definitions in "
+           "`workbench/optim/registry.py` declare them (`workbench algorithms` prints the same names). A "
+           "*lock-step* algorithm exchanges on every rank at once (a collective), a *periodic* one after "
+           "`sync_every` local steps, a *master-based* one through rank 0, which holds the weights or the "
+           "center and serves the workers one exchange at a time. Your own: [own-algorithm.md](own-algorithm.md).",
+           "", "| algorithm | family | what it does | what it sends | default lr, momentum | its own options | paper |",
+           "|---|---|---|---|---|---|---|"]
+    for a in ALGORITHMS.values():
+        sends = EXCHANGES.get(a.exchange) or (
+            "every tau steps, its weights to rank 0 and the center back" if "rho" in a.options else
+            "every tau steps, its gradients to rank 0 and the master's weights back" if a.master_based else "-")
+        options = ", ".join(f"`{o}`" for o in sorted(a.options)) or "-"
+        paper = "descendants" if a.family == "periodic" else "SC'17"
+        out.append(f"| `{a.name}` | {a.family} | {a.description} | {sends} | {a.default_lr:g}, "
+                   f"{a.default_momentum:g} | {options} | [{paper}]({FAMILY_PAPER[a.family]}) |")
+    return "\n".join(out + [""])
+
+
 def executed_notebooks() -> list[Path]:
     """The notebooks as the test run executed them; those missing are executed now (the same test)."""
     notebooks = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
@@ -160,7 +189,7 @@ def assemble(with_notebooks: bool = True) -> None:
     for repo, site in COPIES.items():
         (SOURCE / site).parent.mkdir(parents=True, exist_ok=True)
         (SOURCE / site).write_text(relink((ROOT / repo).read_text(), repo, site))
-    for name, make in zip(GENERATED, (cli_reference, api_reference)):
+    for name, make in zip(GENERATED, (cli_reference, api_reference, algorithms_reference)):
         (SOURCE / name).write_text(make())
     if with_notebooks:
         for notebook in executed_notebooks():
