@@ -10,7 +10,8 @@ and a notebook's run (:class:`~.run.Run`). A mixin of :class:`~.handle.RunHandle
 - at the end ``metrics.jsonl`` begins with what the failed incarnations kept, ``trace.json`` is on the run's
   clock, and ``summary.json`` names the restarts (``restarts``, ``incarnations``, ``world_sizes``) and counts
   the whole run: ``wall_seconds`` on its clock (the faults and restarts in it), ``bytes_sent`` over every
-  incarnation (a failed one's as its ranks' last records had their byte counters: up to a second behind);
+  incarnation (a failed one's as its ranks' last records had their byte counters: up to a second behind, and
+  the workers' only, a master writing no such record);
   the per-rank traffic fields (``wire_bytes``, ``..._per_step``) are the last incarnation's.
 """
 from __future__ import annotations
