@@ -22,7 +22,7 @@ from ..live import LIVE_FOLDER
 from ..rank.checkpoint import latest_step
 from ..launch.signals import deferred_signals, signals_ignored
 from .handle import RunHandle, expected_steps
-from .incarnations import Incarnations
+from .incarnations import Incarnations, resized
 
 
 class BatchRun(Incarnations, RunHandle):
@@ -122,22 +122,17 @@ class BatchRun(Incarnations, RunHandle):
         elsewhere the run's own size (mpiexec on this machine: the machine is there). A run short of nodes goes
         on at fewer ranks, down to ``min_ranks`` (``planned_ranks``: its steps stay as planned). Raises ``exc``,
         saying why, when too few ranks are left."""
-        import dataclasses
-        cfg = self.cfg
         self._lost = []
         room = self._on_vcluster(launch) if launch.get("vcluster") is not None else self._in_allocation(launch)
-        if room is None or room[0] == cfg.ranks:
-            return cfg
+        if room is None:
+            return self.cfg
         ranks, nodes = room
-        floor = cfg.min_ranks if cfg.min_ranks is not None else cfg.ranks
-        if ranks < floor:
-            exc.args = (f"{exc}\n(no restart: {', '.join(self._lost) or 'no node'} "
-                        f"{'do not answer' if launch.get('vcluster') is not None else 'left the Slurm allocation'}, "
-                        f"and the {nodes} nodes left hold {ranks} ranks, fewer than "
-                        + (f"min_ranks {floor})" if cfg.min_ranks is not None else
-                           f"the run's {floor}; --min-ranks M lets it go on with fewer)"),)
+        why = "do not answer" if launch.get("vcluster") is not None else "left the Slurm allocation"
+        no_room = self._no_room_for(ranks, nodes, self._lost, why, "--min-ranks M")
+        if no_room:
+            exc.args = (f"{exc}\n{no_room}",)
             raise exc
-        return dataclasses.replace(cfg, ranks=ranks, planned_ranks=cfg.ranks)
+        return self._at(ranks)
 
     def _on_vcluster(self, launch: dict) -> tuple[int, int]:
         """(ranks, nodes) a restart on the virtual cluster has room for: the nodes that answer the head now, as
@@ -211,18 +206,4 @@ class BatchRun(Incarnations, RunHandle):
             pass
         self._failed(str(exc) or "interrupted from the keyboard", status="cancelled")
         return "cancelled"
-
-
-def resized(before: RunConfig, after: RunConfig) -> str:
-    """One line: how a run that goes on at ``after.ranks`` instead of ``before.ranks`` trains (what stays as
-    planned, what follows the size)."""
-    rows = lambda cfg: cfg.batch_size * cfg.workers  # noqa: E731 - the rows one step of every worker takes
-    hyper, was = after.hyper, before.hyper
-    line = (f"it goes on at {after.ranks} ranks ({before.ranks} before): the same steps and {after.batch_size} rows "
-            f"a worker a step, so a step takes {rows(after)} rows (was {rows(before)}) and the steps left see "
-            f"{after.workers}/{before.workers} of the rows they would have; an epoch counts the steps as planned; "
-            f"learning rate {hyper.lr:g} as planned")
-    if after.spec.elastic and hyper.rho != was.rho:
-        line += f"; rho {was.rho:.4g} -> {hyper.rho:.4g} (beta = p*lr*rho stays {after.workers * hyper.lr * hyper.rho:.2g})"
-    return line
 

@@ -364,20 +364,21 @@ class Cluster:
         """A DirectView on this cluster's current engines (all MPI ranks)."""
         return self.client[self.engine_ids]
 
-    def restart_engines(self) -> None:
+    def restart_engines(self, room: tuple | None = None) -> None:
         """Replace the engines (after a failed or killed run): kill, start anew, reconnect.
 
         On a virtual cluster (mpiexec engines) they start on the nodes that answer the head: with a node lost,
         fewer engines (``n`` says how many; one line on stderr), with it back, as many as asked again
         (:func:`~.ipp_setup.engine_room`). The hub forgets the dead engines only after missed heartbeats, so
         we wait for ``n`` new engines (new uuids; Slurm engines may reuse the old ids) instead of for the old
-        ones to go.
+        ones to go. ``room``: :func:`~.ipp_setup.engine_room`'s answer when the caller has it already (each
+        look at a node that does not answer waits for its timeout).
         """
         from .ipp_setup import engine_mpi_args, engine_room
         old = frozenset(self._engine_keys())
         self.kill_engines()
         self._ipp.stop_engines_sync()
-        n, nodes, lost = engine_room(self)
+        n, nodes, lost = room or engine_room(self)
         if nodes is not None:
             self._ipp.config.MPIEngineSetLauncher.mpi_args = engine_mpi_args(self, n, nodes)
             self.n = self._ipp.n = n

@@ -16,6 +16,7 @@ and a notebook's run (:class:`~.run.Run`). A mixin of :class:`~.handle.RunHandle
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 
@@ -118,6 +119,24 @@ class Incarnations:
                            bytes_sent=summary["bytes_sent"] + sum(f["bytes_sent"] for f in self.restarts))
             summary_path.write_text(json.dumps(summary, indent=1))
 
+    def _at(self, ranks: int):
+        """The run's configuration at ``ranks`` ranks: its own, or fewer with ``planned_ranks`` (its steps and
+        schedule as planned: ``min_ranks``)."""
+        cfg = self.cfg
+        return cfg if ranks == cfg.ranks else dataclasses.replace(cfg, ranks=ranks, planned_ranks=cfg.ranks)
+
+    def _no_room_for(self, ranks: int, nodes: int, lost: list[str], why: str, option: str) -> str | None:
+        """Why there is no restart when the ``nodes`` left (``lost`` ``why``) hold ``ranks`` ranks, fewer than
+        ``min_ranks`` or, without it, the run's own (``option``: how the user sets min_ranks); None when
+        there is room."""
+        cfg = self.cfg
+        floor = cfg.min_ranks if cfg.min_ranks is not None else cfg.ranks
+        if ranks >= floor:
+            return None
+        return (f"(no restart: {', '.join(lost) or 'no node'} {why}, and the {nodes} nodes left hold {ranks} ranks, "
+                "fewer than " + (f"min_ranks {floor})" if cfg.min_ranks is not None else
+                                 f"the run's {floor}; {option} lets it go on with fewer)"))
+
     def _restarts_named(self, error: str) -> str:
         """``error`` with every earlier fault named (a run that exhausted its restarts)."""
         if not self.restarts:
@@ -137,3 +156,18 @@ def shift(messages: list[dict], seconds: float) -> None:
                 record["t"] += seconds
         for span in message.get("spans", ()):
             span["ts"] += seconds * 1e6
+
+
+def resized(before, after) -> str:
+    """One line: how a run that goes on at ``after.ranks`` instead of ``before.ranks`` trains (what stays as
+    planned, what follows the size)."""
+    rows = lambda cfg: cfg.batch_size * cfg.workers  # noqa: E731 - the rows one step of every worker takes
+    hyper, was = after.hyper, before.hyper
+    line = (f"it goes on at {after.ranks} ranks ({before.ranks} before): the same steps and {after.batch_size} rows "
+            f"a worker a step, so a step takes {rows(after)} rows (was {rows(before)}) and the steps left see "
+            f"{after.workers}/{before.workers} of the rows they would have; an epoch counts the steps as planned; "
+            f"learning rate {hyper.lr:g} as planned")
+    if after.spec.elastic and hyper.rho != was.rho:
+        line += f"; rho {was.rho:.4g} -> {hyper.rho:.4g} (beta = p*lr*rho stays {after.workers * hyper.lr * hyper.rho:.2g})"
+    return line
+

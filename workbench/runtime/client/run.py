@@ -38,7 +38,7 @@ from ..rank.checkpoint import latest_step
 from ..stream import MAX_MESSAGE_BYTES, new_secret, verify
 from .engines import Engines
 from .handle import RunError, RunHandle, expected_steps, open_store
-from .incarnations import Incarnations
+from .incarnations import Incarnations, resized
 
 GRACE_SECONDS = 3.0
 #: seconds an engine may be dead while the run goes on before the others are stopped (a whole MPI
@@ -78,6 +78,7 @@ class Run(Incarnations, RunHandle):
         self._now = cfg  # the newest incarnation's configuration (fewer ranks after a node was lost: min_ranks)
         self._next: tuple[RunConfig, list[str]] | None = None  # the next one's, and the nodes it leaves out
         self._no_room: str | None = None  # why a failure is not restarted from: too few nodes answer
+        self._room_now = None  # where the next incarnation's engines go (ipp_setup.engine_room), found once
         self._timeout = timeout
         self.started = time.time()
         self._record_start(sweep_id=sweep_id, sweep_key=sweep_key)
@@ -213,21 +214,13 @@ class Run(Incarnations, RunHandle):
         short of them goes on at fewer ranks, down to ``min_ranks`` (``planned_ranks``: its steps as planned),
         and with fewer than that there is no restart (the reason added to ``error``). Elsewhere the engines
         start again where they ran, unless their node is lost (None)."""
-        import dataclasses
         from .ipp_setup import engine_room
-        cfg = self.cfg
-        n, nodes, lost = engine_room(self.cluster)
+        self._room_now = n, nodes, lost = engine_room(self.cluster)  # what restart_engines starts
         if nodes is None:
-            return None if self.cluster.lost() or self.cluster.failed_nodes() else (cfg, [])
-        ranks = min(cfg.ranks, n)
-        if ranks == cfg.ranks:
-            return cfg, lost
-        if cfg.min_ranks is None or ranks < cfg.min_ranks:
-            self._no_room = (f"(no restart: {', '.join(lost)} do not answer, and the nodes left hold {ranks} ranks, "
-                             + (f"fewer than min_ranks {cfg.min_ranks})" if cfg.min_ranks is not None else
-                                f"fewer than the run's {cfg.ranks}; min_ranks lets it go on with fewer)"))
-            return None
-        return dataclasses.replace(cfg, ranks=ranks, planned_ranks=cfg.ranks), lost
+            return None if self.cluster.lost() or self.cluster.failed_nodes() else (self.cfg, [])
+        ranks = min(self.cfg.ranks, n)
+        self._no_room = self._no_room_for(ranks, len(nodes), lost, "do not answer", "min_ranks")
+        return None if self._no_room else (self._at(ranks), lost)
 
     def _restarted(self) -> bool:
         """After an incarnation ended: if it failed and :meth:`_may_restart`, the fault noted (one line on
@@ -239,7 +232,6 @@ class Run(Incarnations, RunHandle):
             self._pending_outcome = self._ending()
             if self._pending_outcome != "failed" or not self._may_restart():
                 return False
-        from .batch_run import resized
         error, rank = self._pending_fault or self.error or "failed", self.failed_rank
         step = None if self.cfg.spec.master_based else latest_step(self.run_dir)
         before, (cfg, lost) = self._now, self._next
@@ -253,7 +245,7 @@ class Run(Incarnations, RunHandle):
         self.error = self.failed_rank = self._first_dead = self._pending_fault = self._pending_outcome = None
         self._killed, self._now = False, cfg
         self.launcher.stop()
-        self.cluster.restart_engines()
+        self.cluster.restart_engines(self._room_now)
         self.launcher = Engines(self.cluster, cfg.to_dict(), str(self.run_dir), self.address, self.run_id,
                                 self._secret, resume=str(self.run_dir))
         self._launching()

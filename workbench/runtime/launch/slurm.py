@@ -119,10 +119,12 @@ def wait_gone(job_ids: Iterable[str], timeout: float = 15.0) -> list[str]:
 
 def allocation_nodes() -> list[str]:
     """The nodes of the current allocation (``SLURM_JOB_NODELIST`` expanded by ``scontrol``)."""
-    nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
-    if not nodelist:
-        return []
-    proc = _run(["scontrol", "show", "hostnames", nodelist])
+    return _hostnames(os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST"))
+
+
+def _hostnames(nodelist: str | None) -> list[str]:
+    """A Slurm node list (``n[0-2]``) expanded by ``scontrol show hostnames``; [] for none or when it fails."""
+    proc = _run(["scontrol", "show", "hostnames", nodelist]) if nodelist else None
     return proc.stdout.split() if proc is not None and proc.returncode == 0 else []
 
 
@@ -133,10 +135,7 @@ def held_nodes() -> list[str]:
     job = os.environ.get("SLURM_JOB_ID")
     proc = _run(["scontrol", "show", "job", "-o", job]) if job else None
     found = re.search(r"(?:^|\s)NodeList=(\S+)", proc.stdout) if proc is not None and proc.returncode == 0 else None
-    if found is None or found.group(1) == "(null)":
-        return []
-    proc = _run(["scontrol", "show", "hostnames", found.group(1)])
-    return proc.stdout.split() if proc is not None and proc.returncode == 0 else []
+    return [] if found is None or found.group(1) == "(null)" else _hostnames(found.group(1))
 
 
 def failed_nodes(names) -> dict[str, str]:
