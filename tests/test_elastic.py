@@ -234,3 +234,10 @@ def test_an_async_easgd_run_that_loses_a_worker_restarts_with_mpich(tmp_path):
     [fault] = summary["restarts"]
     assert fault["rank"] == 2 and "signal 9" in fault["cause"] and summary["world_sizes"] == [4, 4], summary
     assert "workers_lost" not in summary and summary["final_test_accuracy"] > 0.8, summary
+    # the failed incarnation's bytes count the master's replies too (its evaluations carry its counter)
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    [at] = [r["t"] for r in records if r.get("kind") == "fault"]
+    before = [r for r in records if r["t"] < at and "wire_bytes" in r]
+    master = max(r["wire_bytes"] for r in before if r["rank"] == 0 and r["kind"] == "eval")
+    workers = sum(max(r["wire_bytes"] for r in before if r["rank"] == w) for w in (1, 2, 3))
+    assert master > 0 and fault["bytes_sent"] >= master + workers, (fault["bytes_sent"], master, workers)

@@ -79,7 +79,9 @@ class Incarnations:
                  "resumed_from_step": step, "nodes_lost": list(nodes_lost), "world_size": world_size}
         self.restarts.append(fault)
         with self._lock:
-            sent: dict = {}  # each rank's byte counter as its last record had it: what the incarnation sent
+            # each rank's byte counter as its last record had it (a step's, or a master's evaluation): what the
+            # incarnation sent, short of what a rank sent after its last record
+            sent: dict = {}
             for record in self._records[self._since:]:
                 if "wire_bytes" in record:
                     sent[record.get("rank")] = max(sent.get(record.get("rank"), 0), record["wire_bytes"])

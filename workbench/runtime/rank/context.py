@@ -92,11 +92,13 @@ class Context:
 
     def evaluate(self, weights: torch.Tensor, **where) -> dict:
         """Test accuracy and loss of ``weights`` (a flat vector) on this rank's test set, recorded as
-        a metric with ``where`` (step, epoch, arrivals, ...); the same weights and buffers as the last
-        evaluation take its result again (:meth:`~workbench.runtime.rank.replica.Replica.test`)."""
+        a metric with ``where`` (step, epoch, arrivals, ...) and the rank's bytes so far (``wire_bytes``: a
+        master trains on no step, so its evaluations are what count its bytes when its incarnation fails); the
+        same weights and buffers as the last evaluation take its result again
+        (:meth:`~workbench.runtime.rank.replica.Replica.test`)."""
         acc, loss = self.replica.test(weights, self.monitor.span)
         record = {"kind": "eval", "rank": self.rank, "t": self.monitor.now(), "test_accuracy": acc,
-                  "test_loss": loss, **where}
+                  "test_loss": loss, "wire_bytes": self.communicator.traffic.wire_bytes, **where}
         self.monitor.add_metric(record)
         return record
 
