@@ -36,6 +36,9 @@ for _name, _sub in (("WORKBENCH_STORE", "store.sqlite"), ("WORKBENCH_RUNS", "run
 # ``auto``'s first use of a size times every candidate; 3 repetitions instead of 31 decide the same
 # way for the tests (which check that every rank agrees and that the table persists, not the pick)
 os.environ.setdefault("WORKBENCH_TUNING_REPS", "3")
+# a virtual cluster's node counts as lost after 5 s of silence instead of 10: the tests that lose one wait half
+# as long (the guards beat every second from a process of their own, so a busy machine does not silence them)
+os.environ.setdefault("WORKBENCH_HEARTBEAT_TIMEOUT", "5")
 
 
 @pytest.fixture

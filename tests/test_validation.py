@@ -296,6 +296,28 @@ def test_bad_paths_and_timeouts_stop_workbench_train_before_launch(build, messag
     assert "Traceback" not in err and "error" in err.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize("value", ["soon", "2", "nan", "-5"])
+def test_a_bad_heartbeat_timeout_stops_a_virtual_cluster_run_before_anything_starts(value, launches, capsys,
+                                                                                     monkeypatch):
+    """``$WORKBENCH_HEARTBEAT_TIMEOUT`` (the silence after which a virtual cluster's node counts as lost) that is no
+    number of seconds of at least three heartbeats: one line naming it, from the CLI and from ``wb.Cluster``."""
+    from workbench.runtime.client.cluster import Cluster
+    monkeypatch.setenv("WORKBENCH_HEARTBEAT_TIMEOUT", value)
+    code, err = _train(["--algorithm", "sync-sgd", "--vcluster", "no-such-cluster"], capsys)
+    said = f"WORKBENCH_HEARTBEAT_TIMEOUT={value!r}: the seconds of silence after which a node counts as lost, " \
+           "a number >= 3 (default 10)"
+    assert code == 2 and launches == [] and said in err and len(err.strip().splitlines()) == 1, err
+    with pytest.raises(ConfigError, match="WORKBENCH_HEARTBEAT_TIMEOUT="):
+        Cluster(n=2, vcluster="no-such-cluster")
+    monkeypatch.setenv("WORKBENCH_HEARTBEAT_TIMEOUT", "4.5")
+    from workbench.runtime.launch.heartbeat import Listener
+    listener = Listener("127.0.0.1", 2)
+    try:
+        assert listener.timeout == 4.5  # what the launcher and the cluster's engines then wait for
+    finally:
+        listener.close()
+
+
 def test_a_good_user_model_passes_and_keeps_the_callers_random_state(user_modules):
     import torch
     torch.manual_seed(5)

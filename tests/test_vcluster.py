@@ -508,6 +508,8 @@ def test_a_run_goes_on_at_fewer_ranks_without_a_crashed_node_with_min_ranks(vc4,
         assert summary["world_sizes"] == [4, 3] and summary["incarnations"] == 2, summary
         assert fault["nodes_lost"] == [f"{vc4.name}-2"] and fault["world_size"] == 3 and fault["rank"] == 2, fault
         assert 0 < fault["recovery_seconds"] < 120 and fault["detected"] > killed, fault
+        from workbench.runtime.launch import heartbeat
+        assert fault["detected"] - killed < heartbeat.TIMEOUT, fault  # $WORKBENCH_HEARTBEAT_TIMEOUT (5 s) applied
         assert f"on 3 ranks ({vc4.name}-2 left out: not answering)" in done.stderr
         assert "it goes on at 3 ranks (4 before): the same steps" in done.stderr
         records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -42,6 +42,8 @@ def launcher_of(args) -> tuple[str, list[str], dict]:
         if args.launcher == "srun":
             raise ConfigError("--launcher slurm: a --vcluster run starts its ranks with mpiexec across the nodes; for srun, "
                               "submit with the cluster's Slurm (`eval $(workbench vcluster env NAME)`, then sbatch)")
+        from ..runtime.launch.heartbeat import timeout_seconds
+        timeout_seconds()  # the nodes' heartbeats: a bad $WORKBENCH_HEARTBEAT_TIMEOUT is one line, now
         from ..vcluster import PlanError, VirtualCluster, VirtualClusterError
         try:
             vc = VirtualCluster.attach(args.vcluster)

@@ -262,6 +262,8 @@ def virtual_cluster(vcluster, engines: str, n: int, ppn: int, reachable: bool):
         if ppn != 1:
             raise ConfigError("ppn: engines per node of a virtual cluster; give vcluster= too")
         return None
+    from ..launch.heartbeat import timeout_seconds
+    timeout_seconds()  # the nodes' heartbeats: a bad $WORKBENCH_HEARTBEAT_TIMEOUT is one line, now
     from ...vcluster import PlanError, VirtualCluster, VirtualClusterError
     try:
         vc = VirtualCluster.attach(vcluster) if isinstance(vcluster, str) else vcluster

@@ -14,6 +14,8 @@ the rank's parent, so it keeps beating while the rank computes or waits in MPI.
 """
 from __future__ import annotations
 
+import math
+import os
 import secrets
 import socket
 import threading
@@ -23,18 +25,45 @@ import time
 ENV = "WORKBENCH_HEARTBEAT"
 #: seconds between two heartbeats of a guard
 PERIOD = 1.0
-#: seconds of silence after which a rank's node counts as lost
+#: seconds of silence after which a rank's node counts as lost, unless :data:`TIMEOUT_ENV` says otherwise
 TIMEOUT = 10.0
+#: environment variable: the seconds of silence after which a rank's node counts as lost (a site whose nodes
+#: may stall longer raises it; a shorter one names a lost node sooner, and risks naming a node that was only slow)
+TIMEOUT_ENV = "WORKBENCH_HEARTBEAT_TIMEOUT"
 #: seconds a rank may take to send its first heartbeat (mpiexec starting the node's proxy)
 FIRST_TIMEOUT = 30.0
 
 
-class Listener:
-    """Receives the guards' heartbeats on ``address`` (a port the OS picks) for ranks ``0..nranks-1``."""
+def timeout_seconds() -> float:
+    """The seconds of silence after which a rank's node counts as lost: ``$WORKBENCH_HEARTBEAT_TIMEOUT``, else
+    :data:`TIMEOUT`.
 
-    def __init__(self, address: str, nranks: int | None = None, timeout: float = TIMEOUT,
+    Raises:
+        ConfigError: the variable is not a number of seconds of at least three heartbeat periods (one line,
+            naming it); the front ends ask before anything starts.
+    """
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 3 * PERIOD):
+        from ...config import ConfigError
+        raise ConfigError(f"{TIMEOUT_ENV}={text!r}: the seconds of silence after which a node counts as lost, a "
+                          f"number >= {3 * PERIOD:g} (default {TIMEOUT:g}); set it so, or unset it")
+    return seconds
+
+
+class Listener:
+    """Receives the guards' heartbeats on ``address`` (a port the OS picks) for ranks ``0..nranks-1``; a rank
+    silent for ``timeout`` seconds (default :func:`timeout_seconds`) is lost."""
+
+    def __init__(self, address: str, nranks: int | None = None, timeout: float | None = None,
                  first_timeout: float = FIRST_TIMEOUT) -> None:
-        self.timeout, self.first_timeout, self.nranks = timeout, first_timeout, nranks
+        self.timeout = timeout_seconds() if timeout is None else timeout
+        self.first_timeout, self.nranks = first_timeout, nranks
         self.token = secrets.token_hex(8)
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((address, 0))
