@@ -133,6 +133,9 @@ def test_a_run_whose_engine_dies_restarts_from_its_checkpoint_on_new_engines(clu
     [fault] = result.summary["restarts"]
     assert fault["rank"] == 2 and f"(pid {pid})" in fault["cause"] and "signal 9" in fault["cause"], fault
     assert fault["resumed_from_step"] >= 500 and result.summary["incarnations"] == 2
+    # what a notebook shows of it: the run, its accuracy and its restart, on one line
+    assert repr(run).endswith(f"finished: {result.summary['steps_per_worker']} steps a worker, "
+                              f"accuracy {result.summary['final_test_accuracy']:.3f}, 1 restart (ranks 4->4)>"), repr(run)
     train = result.history[result.history["kind"] == "train"]
     for rank in range(4):
         steps = sorted(train[train["rank"] == rank]["step"].astype(int))

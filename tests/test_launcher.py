@@ -118,3 +118,5 @@ def test_the_cli_run_handle_records_and_blames_like_a_notebook_run(tmp_path):
     assert ok.status == "finished" == store.load("ok").status and ok.wait(0) is result
     assert result.summary["final_test_accuracy"] > 0.5
     assert repr(ok).startswith("<workbench.BatchRun ok sync-sgd finished:")
+    assert repr(ok).endswith(f"finished: {result.summary['steps_per_worker']} steps a worker, "
+                             f"accuracy {result.summary['final_test_accuracy']:.3f}>")  # no restart to name

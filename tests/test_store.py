@@ -292,7 +292,7 @@ def test_the_environment_variable_and_the_default_choose_the_file(tmp_path, monk
     monkeypatch.setenv("WORKBENCH_STORE", str(tmp_path / "env" / "chosen.sqlite"))
     Store().add(_result())
     assert (tmp_path / "env" / "chosen.sqlite").exists()
-    assert repr(Store()) == f"<workbench.Store {tmp_path / 'env' / 'chosen.sqlite'}: 1 runs>"
+    assert repr(Store()) == f"<workbench.Store {tmp_path / 'env' / 'chosen.sqlite'}: 1 run>"
     monkeypatch.delenv("WORKBENCH_STORE")
     monkeypatch.chdir(tmp_path)
     assert Store().path == Path("data/workbench.sqlite") and (tmp_path / "data" / "workbench.sqlite").exists()

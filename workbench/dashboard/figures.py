@@ -169,6 +169,15 @@ def timeline_figure(trace: list[dict], ranks: int, window_seconds: float = 2.0,
     return go.Figure(data=traces, layout=timeline_layout(ranks, x_range, title, in_flight))
 
 
+def _master_based(config: dict) -> bool:
+    """Whether the run's algorithm has a master (rank 0 trains on nothing); False for one that is not known here."""
+    from ..optim.registry import UnknownAlgorithm, definition_of
+    try:
+        return definition_of(config.get("algorithm")).master_based
+    except (UnknownAlgorithm, ImportError, ValueError):
+        return False
+
+
 def status_line(source) -> tuple[str, float]:
     """An HTML status line and the progress fraction for a run or a RunResult."""
     history, config = source.history, source.config
@@ -177,13 +186,23 @@ def status_line(source) -> tuple[str, float]:
     total = source.total_steps or 0
     elapsed = float(train["t"].max()) if steps else 0.0
     rate = steps * config.get("batch_size", 1) / elapsed if elapsed > 0 else 0.0
+    faults = history[history["kind"] == "fault"]
+    per_worker, ranks = "", f"{config.get('ranks')} ranks"
+    if len(faults):
+        if "world_size" in faults and pd.notna(faults["world_size"].iloc[-1]):
+            ranks += f", {int(faults['world_size'].iloc[-1])} after the restart"
+        if steps and total:
+            # a restart (at fewer ranks, or redoing steps) leaves records that no longer add up to the plan: the
+            # furthest worker's steps against the steps each worker plans (the plan's steps over its workers)
+            workers = max(1, int(config.get("ranks", 1)) - (1 if _master_based(config) else 0))
+            steps, total, per_worker = int(train["step"].max()) + 1, -(-total // workers), " a worker"
     fraction = min(1.0, steps / total) if total else (1.0 if source.done() else 0.0)
     eta = (elapsed / fraction - elapsed) if 0 < fraction < 1 else 0.0
     epoch = fraction * config.get("epochs", 0)
     evals = history[history["kind"] == "eval"]
     acc = f"{float(evals.sort_values('t')['test_accuracy'].iloc[-1]):.3f}" if len(evals) else "-"
-    text = (f"<b>{config.get('algorithm')}</b> on {config.get('ranks')} ranks &middot; <b>{source.status}</b>"
-            f" &middot; step {steps}/{total} &middot; epoch {epoch:.1f}/{config.get('epochs')}"
+    text = (f"<b>{config.get('algorithm')}</b> on {ranks} &middot; <b>{source.status}</b>"
+            f" &middot; step {steps}/{total}{per_worker} &middot; epoch {epoch:.1f}/{config.get('epochs')}"
             f" &middot; {rate:,.0f} samples/s &middot; ETA {eta:.1f} s &middot; test accuracy {acc}")
     wire = wire_bytes_per_step(getattr(source, "summary", None), train)
     if wire is not None:

@@ -43,11 +43,24 @@ class Store(Sweeps):
 
     ``Store().runs()`` lists runs as a DataFrame; ``load(run_id)`` gives a
     :class:`~workbench.results.RunResult`; sweeps find their finished points with
-    :meth:`finished_keys`. See the package docstring for the file and
-    :mod:`workbench.store.schema` for the tables.
+    :meth:`finished_keys`. See the docstring of the package :mod:`workbench.store` for the file's shape
+    and :mod:`workbench.store.schema` for the tables.
+
+    Args:
+        path: the SQLite file (created, with its folder, when missing); default ``$WORKBENCH_STORE``, else
+            ``data/workbench.sqlite`` under the current directory.
+
+    Raises:
+        IsADirectoryError: ``path`` is a folder.
+        RuntimeError: the file's schema is newer than this workbench reads (upgrade workbench).
+        sqlite3.OperationalError: the file could not be switched to WAL mode within
+            ``BUSY_TIMEOUT_SECONDS``, or is not an SQLite database.
+
+    Attributes:
+        path (Path): the store's file.
     """
 
     def __repr__(self) -> str:
         with self._read() as conn:
             count = conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
-        return f"<workbench.Store {self.path}: {count} runs>"
+        return f"<workbench.Store {self.path}: {count} run{'s' * (count != 1)}>"

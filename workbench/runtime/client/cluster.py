@@ -4,11 +4,11 @@
         run = cluster.train(cfg)              # returns at once; see workbench.runtime.client.run.Run
         result = run.wait()
 
-Why the settings below:
-- ``HeartMonitor.period=500`` ms: ipyparallel's default (3 s) makes a 4-engine start take ~6.5 s
-  on a small machine, mostly waiting for heartbeats; 500 ms brings it to ~3 s.
-- Engines are stopped with ``stop_engines`` + ``stop_controller`` (~0.5 s), not
-  ``stop_cluster`` (~3.4 s: it waits politely for each process).
+Why the settings below (what start and stop take: benchmarks/README.md, "Start, stop, dashboard overhead"):
+- ``HeartMonitor.period=500`` ms: with ipyparallel's default (3 s) a start on a small machine
+  spends most of its time waiting for heartbeats; 500 ms shortens that wait.
+- Engines are stopped with ``stop_engines`` + ``stop_controller``, not ``stop_cluster``, which
+  is several times slower: it waits politely for each process.
 - ``mpiexec`` is found beside this Python (the venv's, from the ``mpich`` wheel) or on PATH, and
   the engines' PATH gets this Python's ``bin``: a kernel whose PATH lacks the venv still works.
 - Every cluster started here is recorded (owner pid and start time, ipyparallel's cluster file)
@@ -78,8 +78,11 @@ class Cluster:
             (``"ib0"``) or one of its addresses, or True (the address this host's name resolves to; where
             that is a loopback, every interface, with a warning). Otherwise everything listens on
             127.0.0.1. CurveZMQ and the HMAC key guard the controller either way.
-        account, queue, timelimit: batch-system settings (``#SBATCH --account``,
-            ``--partition``, ``--time`` for Slurm; the same meaning for PBS/SGE/LSF).
+        account: the batch system's account (``#SBATCH --account`` for Slurm; the same meaning for
+            PBS/SGE/LSF); empty: the site's default.
+        queue: the queue (``--partition`` for Slurm); empty: the default.
+        timelimit: the job's time limit in the batch system's format (``--time`` for Slurm,
+            ``"HH:MM:SS"``); empty: the default.
         options: extra directive lines for the engines' batch script, e.g.
             ``"#SBATCH --gres=gpu:4\\n#SBATCH --constraint=a100"``.
         mpi_args: extra ``mpiexec`` arguments (``engines="mpi"``).
@@ -88,7 +91,8 @@ class Cluster:
         start_timeout: seconds to wait for all engines to register (a Slurm job still pending
             then is cancelled).
         ipp_config: extra ipyparallel configuration, ``{"Class": {"trait": value}}``.
-        vcluster: a :class:`~workbench.vcluster.VirtualCluster` (or the name of one that is up):
+        vcluster (VirtualCluster | str | None): a :class:`~workbench.vcluster.cluster.VirtualCluster`
+            (or the name of one that is up):
             the engines run on its nodes (``engines="mpi"``: mpiexec across them; ``"slurm"``: a
             job of the cluster's own Slurm), ``ppn`` per node; the controller, the live stream and
             the engines' heartbeats listen on its head address; runs must write where its nodes see.
@@ -97,6 +101,34 @@ class Cluster:
             the server key goes in the 0600 connection files); ``False`` for ipyparallel's HMAC
             signatures alone. Engines on this host run in a network of their own where the kernel
             allows it (``$WORKBENCH_NETWORK``, docs/security.md).
+
+    Raises:
+        ConfigError: at construction, before anything starts, with one line naming the argument: ``n`` or
+            ``ppn`` not an integer >= 1, an unknown ``engines``, ``mpi_args`` or ``srun_args`` not a list of
+            strings or given to the other launcher, ``options`` for another batch system than Slurm,
+            ``start_timeout`` not a finite number > 0, ``curve`` not a bool, a ``reachable`` that names no
+            interface or address of this host; ``ppn`` without ``vcluster``, or a ``vcluster`` that is not up,
+            has too few nodes for ``n`` engines at ``ppn`` per node, has no Slurm for ``engines="slurm"``
+            or is given with ``reachable``.
+
+    Attributes:
+        n (int): the engines there are now (fewer than ``planned_n`` after a restart on a virtual cluster that lost
+            a node).
+        planned_n (int): the engines asked for; a restart uses a node that is back again, up to these.
+        engines (str): the launcher, as given.
+        start_timeout (float): seconds to wait for the engines to register.
+        client (ipyparallel.Client | None): the ipyparallel ``Client`` (None until :meth:`start`).
+        ranks (dict[int, int]): engine id -> MPI rank.
+        engine_ids (list[int]): the current engines' ids.
+        pids (dict[int, int]): MPI rank -> engine process id.
+        hosts (dict[int, str]): MPI rank -> the engine's host name.
+        active_run (Run | None): the last :class:`~workbench.runtime.client.run.Run` started (None before the first).
+        engines_need_restart (bool): the engines were killed or failed; the next :meth:`train` replaces them.
+        slurm_job (str | None): the engines' current Slurm job id (``engines="slurm"``), else None.
+        private_prefix (list[str] | None): what starts mpiexec in a network of its own (None or ``[]``: the
+            host's network).
+        sockets (str | None): the 0700 folder of the controller's and live streams' Unix sockets (a network of its own),
+            else None.
     """
 
     def __init__(self, n: int = 4, engines: str = "mpi", *, reachable: bool | str = False,
@@ -160,7 +192,17 @@ class Cluster:
             self.sockets = tempfile.mkdtemp(prefix="wb-")  # short: a socket's path has at most 107 bytes
 
     def batch_script(self, workdir: str | os.PathLike | None = None) -> str:
-        """The engines' batch script as it would be submitted (batch systems only)."""
+        """The engines' batch script as it would be submitted (batch systems only); nothing is submitted.
+
+        Args:
+            workdir: the folder the script names as the job's working directory (default: a temporary one).
+
+        Returns:
+            The script's text.
+
+        Raises:
+            ConfigError: ``engines="mpi"``, which submits no batch job.
+        """
         if self.engines == "mpi":
             raise ConfigError("batch_script: engines='mpi' submits no batch job; "
                               f"use one of {', '.join(k for k in LAUNCHERS if k != 'mpi')}")
@@ -179,7 +221,21 @@ class Cluster:
 
     # -- start and stop --------------------------------------------------------------------
     def start(self) -> "Cluster":
-        """Start the controller and ``n`` engines and connect (stale clusters are stopped first)."""
+        """Start the controller and ``n`` engines and connect (stale clusters are stopped first); nothing
+        when already started. Waits up to ``start_timeout`` seconds for the engines to register. What
+        started is stopped again when this raises.
+
+        Returns:
+            (Cluster): This cluster (``with Cluster(...) as cluster`` calls it).
+
+        Raises:
+            UnsafeFolder: a connection file of another cluster is readable by other users.
+            TimeoutError: fewer than ``n`` engines registered, or answered, within ``start_timeout`` seconds
+                (the message holds the engines' log or the Slurm job's output).
+            RuntimeError: Slurm refused the engines' job, or the job ended, or was still pending at
+                ``start_timeout`` (then cancelled; the message gives Slurm's reason).
+            ConfigError: the engines are not one MPI job (mpi4py uses another MPI library than the launcher's).
+        """
         if self._ipp is not None:
             return self
         cleanup_stale_clusters()
@@ -252,7 +308,12 @@ class Cluster:
                                self._slurm_output, self.slurm_output)
 
     def slurm_output(self, lines: int = 40) -> str:
-        """The last ``lines`` lines of the engines' Slurm job output (``engines="slurm"``)."""
+        """The last ``lines`` lines of the engines' Slurm job output (``engines="slurm"``); ``"(no output)"``
+        when there is none, or no job.
+
+        Args:
+            lines: how many lines, from the end.
+        """
         path = getattr(self, "_slurm_output", None)
         try:
             text = Path(path).read_text(errors="replace") if path else ""
@@ -301,7 +362,8 @@ class Cluster:
         return {}
 
     def dead_ranks(self) -> list[int]:
-        """Ranks whose engine process is gone or a zombie (engines on this host only; [] otherwise)."""
+        """Ranks whose engine process is gone or a zombie (the engines this process can see:
+        :meth:`local_ranks`; [] otherwise)."""
         return [rank for rank, pid in self.local_ranks().items() if not alive(pid)]
 
     def exits(self) -> list[dict]:
@@ -329,8 +391,15 @@ class Cluster:
         return slurm.failed_nodes(set(self.hosts.values()))
 
     def lost(self, ranks: int | None = None) -> list[dict]:
-        """Engines (of the first ``ranks``) whose heartbeats stopped: their node was cut off or hung
-        (engines on a virtual cluster; [] otherwise). See :mod:`workbench.runtime.launch.heartbeat`."""
+        """Engines whose heartbeats stopped: their node was cut off or hung (engines on a virtual cluster;
+        [] otherwise). See :mod:`workbench.runtime.launch.heartbeat`.
+
+        Args:
+            ranks: only ranks below this (the ranks a run uses); None: every engine.
+
+        Returns:
+            One dict per silent engine, its ``rank`` among the keys.
+        """
         if self._heartbeats is None:
             return []
         return [s for s in self._heartbeats.silent() if ranks is None or s["rank"] < ranks]
@@ -358,10 +427,12 @@ class Cluster:
 
     @property
     def heartbeat_env(self) -> dict[str, str]:
+        """The environment that makes an engine on a virtual cluster send its heartbeats to this cluster's
+        listener ({} elsewhere)."""
         return self._heartbeats.env if self._heartbeats is not None else {}
 
     def view(self):
-        """A DirectView on this cluster's current engines (all MPI ranks)."""
+        """A DirectView on this cluster's current engines (all MPI ranks); the cluster must be started."""
         return self.client[self.engine_ids]
 
     def restart_engines(self, room: tuple | None = None) -> None:
@@ -371,8 +442,16 @@ class Cluster:
         fewer engines (``n`` says how many; one line on stderr), with it back, as many as asked again
         (:func:`~.ipp_setup.engine_room`). The hub forgets the dead engines only after missed heartbeats, so
         we wait for ``n`` new engines (new uuids; Slurm engines may reuse the old ids) instead of for the old
-        ones to go. ``room``: :func:`~.ipp_setup.engine_room`'s answer when the caller has it already (each
-        look at a node that does not answer waits for its timeout).
+        ones to go.
+
+        Args:
+            room: :func:`~.ipp_setup.engine_room`'s answer when the caller has it already (each look at a node
+                that does not answer waits for its timeout): ``(n, nodes, lost)``, the engines to start, the
+                node indices to start them on (None: where they ran) and the hostnames that do not answer.
+
+        Raises:
+            TimeoutError: fewer than ``n`` new engines registered within ``start_timeout`` seconds.
+            RuntimeError: Slurm refused or ended the new engines' job.
         """
         from .ipp_setup import engine_mpi_args, engine_room
         old = frozenset(self._engine_keys())
@@ -402,11 +481,14 @@ class Cluster:
             self.engines_need_restart = True
 
     def stop(self) -> None:
-        """Stop engines and controller (well under a second) and forget the cluster.
+        """Stop engines and controller and forget the cluster; nothing when it is not started. A run still
+        going is cancelled first (5 s for its ranks to stop). What it takes: benchmarks/README.md, "Start,
+        stop, dashboard overhead".
 
         The engines hold no state worth a polite shutdown (runs are in the store), so they are
-        killed first; ipyparallel's own stop then only tidies up (its SIGTERM path waits ~1.5 s
-        for mpiexec to forward the signal).
+        killed first; ipyparallel's own stop then only tidies up (its SIGTERM path would wait
+        for mpiexec to forward the signal). The Slurm jobs are cancelled and waited for (up to 15 s),
+        the cluster's record, files and sockets removed.
         """
         if self._ipp is None:
             return
@@ -438,7 +520,11 @@ class Cluster:
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines ipyparallel logged for this cluster (controller and engines'
-        output included); kept out of the notebook unless something failed."""
+        output included); kept out of the notebook unless something failed; ``"(nothing logged)"`` when empty.
+
+        Args:
+            lines: how many lines, from the end.
+        """
         return "\n".join(self._log.lines[-lines:]) or "(nothing logged)"
 
     def _record(self) -> None:
@@ -453,24 +539,47 @@ class Cluster:
 
     @property
     def cluster_id(self) -> str | None:
+        """ipyparallel's id of the running cluster (its files and record are named by it); None when stopped."""
         return None if self._ipp is None else self._ipp.cluster_id
 
     def __repr__(self) -> str:
         state = "stopped" if self._ipp is None else f"running, id {self._ipp.cluster_id}"
         where = f" on vcluster {self.vcluster.name}" if self.vcluster is not None else ""
-        return f"<workbench.Cluster n={self.n} engines={self.engines!r}{where} ({state})>"
+        short = f" of {self.planned_n} asked" if self.n != self.planned_n else ""  # engines that did not come back
+        return f"<workbench.Cluster n={self.n}{short} engines={self.engines!r}{where} ({state})>"
 
     # -- training --------------------------------------------------------------------------
     def train(self, cfg: RunConfig, run_dir: str | os.PathLike | None = None, *, store=None,
               timeout: float = 3600.0, sweep_id: str | None = None, sweep_key: str | None = None):
         """Start training ``cfg`` on the engines and return a :class:`~workbench.runtime.client.run.Run`
-        at once. ``cfg.ranks`` must be <= ``n`` (the first ``cfg.ranks`` ranks train).
+        at once. The cluster is started if it is not, and its engines replaced if they are not healthy
+        (:meth:`healthy`).
 
-        ``store``: a :class:`~workbench.store.Store`, a path, or None for the default store;
-        ``False`` records nothing. ``timeout``: seconds before the run is cancelled. ``cfg.max_restarts``:
-        a run that fails with a checkpoint behind it starts again from it on new engines, as one run. On a
-        virtual cluster the new engines start on the nodes that answer; a run short of them goes on at fewer
-        ranks, down to ``cfg.min_ranks`` (:meth:`~.run.Run._room`); elsewhere the engines start where they ran.
+        With ``cfg.max_restarts``, a run that fails with a checkpoint behind it starts again from it on new
+        engines, as one run. On a virtual cluster the new engines start on the nodes that answer; a run short
+        of them goes on at fewer ranks, down to ``cfg.min_ranks`` (:meth:`~.run.Run._room`); elsewhere the
+        engines start where they ran.
+
+        Args:
+            cfg: the run; ``cfg.ranks`` must be <= ``n`` (the first ``cfg.ranks`` ranks train).
+            run_dir: the run's folder (default: a new one under the runs folder, named by the run id; on a
+                virtual cluster under its shared folder); a folder that holds a run already is refused.
+            store (Store | str | PathLike | None | bool): a :class:`~workbench.store.Store`, a path, or None
+                for the default store; ``False`` records nothing.
+            timeout: seconds before the run is cancelled.
+            sweep_id: the sweep the run belongs to (:class:`~workbench.sweep.Sweep` sets it).
+            sweep_key: the run's point in that sweep.
+
+        Returns:
+            (Run): The live run; ``run.wait()`` gives its :class:`~workbench.results.RunResult`.
+
+        Raises:
+            ConfigError: ``cfg`` is not a RunConfig, or asks for more ranks than the cluster has engines;
+                ``run_dir`` is a file, holds a run already, cannot be created or written, or (on a virtual
+                cluster) is not seen by its nodes.
+            RuntimeError: the previous run on this cluster is still going (``wait()`` or ``cancel()`` it).
+            TimeoutError: the engines did not register within ``start_timeout`` seconds as :meth:`start` or
+                :meth:`restart_engines` brought them up (those raise the rest of what a start can meet).
         """
         from .run import Run
         if not isinstance(cfg, RunConfig):

@@ -93,14 +93,15 @@ class RunHandle(LiveSource):
     # -- what came ---------------------------------------------------------------------------------
     @property
     def history(self):
-        """Metric records so far as a DataFrame (a snapshot; see workbench.results)."""
+        """Metric records so far as a DataFrame, one row per record (a snapshot; the columns: those of
+        :class:`~workbench.results.RunResult`'s ``history``)."""
         with self._lock:
             records = list(self._records)
         return history_frame(records)
 
     @property
     def trace(self) -> list[dict]:
-        """Chrome-trace spans so far (a snapshot)."""
+        """Chrome-trace spans so far (a snapshot): dicts with ``ts`` and ``dur`` in microseconds."""
         with self._lock:
             return list(self._spans)
 
@@ -108,7 +109,11 @@ class RunHandle(LiveSource):
         """The ranks' live-channel messages (:mod:`workbench.runtime.live`), whatever brought them: their
         records and spans kept and the observers told, the progress noted, and the first rank that
         reported an error (its traceback) taken as the run's failing rank until a launcher's blame says
-        otherwise."""
+        otherwise.
+
+        Args:
+            messages: the messages as the channel carries them (dicts, each with its ``rank``).
+        """
         self.progress.note(messages)
         for message in messages:
             if "error" in message and self.failed_rank is None:
@@ -189,5 +194,15 @@ class RunHandle(LiveSource):
             steps = sum(1 for r in self._records if r.get("kind") == "train")
         algorithm = self.config.get("algorithm") if self.config else None
         total = self.total_steps if self.total_steps is not None else "?"
-        return (f"<workbench.{self.kind} {self.run_id}{' ' + algorithm if algorithm else ''} {self.status}: "
-                f"{steps}/{total} steps>")
+        summary = (self.result.summary or {}) if self.result is not None else {}
+        # an ended run: the steps each worker took (a restart at fewer ranks leaves fewer records than planned)
+        said = [f"{summary['steps_per_worker']} steps a worker" if summary.get("steps_per_worker") is not None
+                else f"{steps}/{total} steps"]
+        accuracy = summary.get("final_test_accuracy")
+        if accuracy is not None:
+            said.append(f"accuracy {accuracy:.3f}")
+        restarts = getattr(self, "restarts", [])  # a run that may restart (Incarnations)
+        if restarts:
+            sizes = [self.cfg.ranks, *(fault["world_size"] for fault in restarts)]  # as summary.json's world_sizes
+            said.append(f"{len(restarts)} restart{'s' * (len(restarts) != 1)} (ranks {'->'.join(map(str, sizes))})")
+        return f"<workbench.{self.kind} {self.run_id}{' ' + algorithm if algorithm else ''} {self.status}: {', '.join(said)}>"

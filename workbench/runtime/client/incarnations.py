@@ -87,11 +87,14 @@ class Incarnations:
                     sent[record.get("rank")] = max(sent.get(record.get("rank"), 0), record["wire_bytes"])
             fault["bytes_sent"] = sum(sent.values())
             self._earlier += self._records[self._since:]
+            # the fault on the run's clock, for the loss curve, the timeline and the status line: in the records
+            # the run is followed by while it goes on (history) and in those it keeps (metrics.jsonl, the store)
+            record = {"kind": "fault", "t": round(fault["detected"] - self._launched[0], 3), "rank": rank,
+                      "incarnation": fault["incarnation"], "cause": cause, "nodes_lost": fault["nodes_lost"],
+                      "world_size": world_size}
+            self._earlier.append(record)
+            self._records.append(dict(record))
             self._since = len(self._records)
-            # the fault on the run's clock, for the loss curve and the timeline (metrics.jsonl, the store)
-            self._earlier.append({"kind": "fault", "t": round(fault["detected"] - self._launched[0], 3),
-                                  "rank": rank, "incarnation": fault["incarnation"], "cause": cause,
-                                  "nodes_lost": fault["nodes_lost"], "world_size": world_size})
         self._restarted_at = fault["detected"]
         return fault
 
