@@ -8,6 +8,7 @@ that exist.
 """
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -106,6 +107,15 @@ def test_the_site_links_each_page_to_the_sites_copy_and_names_other_files():
     assert tool.relink("[r](../benchmarks/README.md#a-lost-node) [p](papers.md)", "docs/faults.md", "faults.md") == \
         "[r](results.md#a-lost-node) [p](papers.md)"
     assert tool.relink("[q](../README.md)", "notebooks/README.md", "notebooks/index.md") == "[q](../index.md)"
+    # a notebook's embedded plotly.js (5 MB) becomes the site's one copy, loaded where the bundle was
+    bundle = '<script type="text/javascript">/**\n* plotly.js v3.1.0\n*/ window.Plotly = {};</script>'
+    figure = '<div id="f"></div><script>Plotly.newPlot("f", [])</script>'
+    notebook = {"cells": [{"cell_type": "code", "outputs": [{"data": {"text/html": [bundle, figure]}}]},
+                          {"cell_type": "code", "outputs": [{"data": {"text/html": figure}}, {"text": "x"}]}]}
+    linked = json.loads(tool.plotlyjs_linked(json.dumps(notebook)))
+    assert linked["cells"][0]["outputs"][0]["data"]["text/html"] == \
+        '<script type="text/javascript" src="../assets/plotly.min.js"></script>' + figure
+    assert linked["cells"][1] == notebook["cells"][1]
     reference = tool.cli_reference()
     assert "## workbench train" in reference and "--max-restarts" in reference and "### workbench vcluster up" in reference
     from workbench.optim.registry import ALGORITHMS

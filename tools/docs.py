@@ -22,6 +22,7 @@ reads the same ``mkdocs.yml``. Standard library here; MkDocs runs as a subproces
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -45,10 +46,12 @@ API = {
     "Dashboards": ["workbench.dashboard.Dashboard"],
     "Virtual cluster": ["workbench.vcluster.cluster.VirtualCluster"],
     "Collectives": ["workbench.schedules.schedule.Schedule", "workbench.schedules.schedule.Transfer"],
-    "Algorithms of your own": ["workbench.optim.definition.LockStep", "workbench.optim.definition.Periodic",
+    "Algorithms of your own": ["workbench.optim.definition.Algorithm", "workbench.optim.definition.LockStep", "workbench.optim.definition.Periodic",
                                "workbench.optim.definition.MasterBased"],
     "Summaries": ["workbench.summary.Summary"],
 }
+#: the API objects whose inherited members the page shows too (their public methods live in mixins and bases)
+INHERITED = {"workbench.runtime.client.run.Run", "workbench.store.Store", "workbench.vcluster.cluster.VirtualCluster"}
 
 
 def site_path(repo_path: str) -> str | None:
@@ -104,9 +107,11 @@ def api_reference() -> str:
     out = ["# Python API reference", "", "Generated from the docstrings. `import workbench as wb` gives the names a "
            "notebook uses (`wb.RunConfig`, `wb.Cluster`, `wb.Dashboard`, `wb.Store`, `wb.Sweep`, `wb.VirtualCluster`).", ""]
     for section, names in API.items():
-        out += [f"## {section}", ""] + [f"::: {name}\n" for name in names]
-        if section == "Runs":
-            out += options_table()
+        out += [f"## {section}", ""]
+        for name in names:
+            out.append(f"::: {name}\n" + ("    options:\n      inherited_members: true\n" if name in INHERITED else ""))
+            if name == "workbench.config.RunConfig":
+                out += options_table()  # its fields, right below it
     return "\n".join(out)
 
 
@@ -192,8 +197,32 @@ def assemble(with_notebooks: bool = True) -> None:
     for name, make in zip(GENERATED, (cli_reference, api_reference, algorithms_reference)):
         (SOURCE / name).write_text(make())
     if with_notebooks:
+        sys.path.insert(0, str(ROOT))
         for notebook in executed_notebooks():
-            shutil.copy2(notebook, SOURCE / "notebooks" / notebook.name)
+            (SOURCE / "notebooks" / notebook.name).write_text(plotlyjs_linked(notebook.read_text()))
+        from plotly.offline import get_plotlyjs  # the bundle the notebooks embedded, from the same package
+        (SOURCE / PLOTLYJS_FILE).parent.mkdir(parents=True, exist_ok=True)
+        (SOURCE / PLOTLYJS_FILE).write_text(get_plotlyjs())
+
+
+#: plotly.js on the site: one file, which every notebook page loads, instead of 5 MB embedded in each
+PLOTLYJS_FILE = "assets/plotly.min.js"
+
+
+def plotlyjs_linked(notebook: str) -> str:
+    """An executed notebook's JSON text with the plotly.js bundle it embeds (once: ``workbench.demo.slim``) replaced by
+    a script that loads the site's copy (:data:`PLOTLYJS_FILE`), at the same place, so the figures after it find
+    ``window.Plotly`` as before."""
+    from workbench.demo import PLOTLYJS
+    data = json.loads(notebook)
+    script = f'<script type="text/javascript" src="../{PLOTLYJS_FILE}"></script>'
+    for cell in data["cells"]:
+        for output in cell.get("outputs", []):
+            html = output.get("data", {}).get("text/html")
+            if html is not None:
+                html = "".join(html) if isinstance(html, list) else html
+                output["data"]["text/html"] = PLOTLYJS.sub(lambda _: script, html)
+    return json.dumps(data, indent=1, ensure_ascii=False)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -93,7 +93,28 @@ class Hyper(NamedTuple):
 
 @dataclass
 class RunConfig:
-    """One training run (docs/getting-started.md, "In a notebook"; every option: ``workbench train --help``)."""
+    """One training run (docs/getting-started.md, "In a notebook"; every option: ``workbench train --help``).
+
+    Each field is an option declared once (:func:`option`): its default, its one line of help and the check of
+    its values; the API reference's table "RunConfig's fields" lists them all, with their units. The fields keep
+    what the caller gave: ``lr``, ``momentum`` and ``rho`` left as ``None`` mean the algorithm's defaults,
+    computed by :attr:`hyper` and never written back.
+
+    Args:
+        single_buffer: deprecated (one release, with a DeprecationWarning): ``single_buffer=False`` is
+            ``fusion_bytes=0`` (one message per tensor); ``True`` changes nothing.
+
+    Raises:
+        ConfigError: at construction, before any process starts, with one line naming the option: a field's
+            value its option does not allow; or fields that disagree: ``max_restarts`` without
+            ``checkpoint_every``, ``min_ranks`` or ``planned_ranks`` against ``ranks``, a master-based
+            algorithm on fewer than 2 ranks, ``p * lr * rho >= 2`` for an elastic algorithm (``p`` workers),
+            a field that contradicts the ``communication`` preset, an option the algorithm ignores, a
+            ``comm_hook`` that does not load or comes with ``sparse_ratio``, a model that does not fit the
+            data set, a ``batch_size`` larger than a worker's shard, the algorithm's own checks
+            (:meth:`~workbench.optim.definition.Algorithm.check`), ``fail_rank`` without ``fail_step``, or
+            ``single_buffer=False`` with a ``fusion_bytes`` other than 0.
+    """
 
     algorithm: str = option("sync-easgd", "the training algorithm (`workbench algorithms`), or "
                                           "'package.module:NAME' for an Algorithm defined in your module",
@@ -319,17 +340,22 @@ class RunConfig:
     # -- derived: computed from the fields, never written into them --------------------------
     @property
     def hyper(self) -> Hyper:
-        """``lr``, ``momentum`` and ``rho`` as the run uses them: the caller's, else the algorithm's
-        defaults (registry) and ``rho = BETA / (p * lr)`` with ``p`` workers."""
+        """``lr``, ``momentum`` and ``rho`` as the run uses them (a :class:`Hyper`): the caller's, else the
+        algorithm's defaults (registry) and ``rho = BETA / (p * lr)`` with ``p`` workers. An AdamW inner
+        optimizer has its own default lr (:data:`ADAMW_LR`) and no momentum (:func:`hyper_of`)."""
         # not to_dict(): asdict deep-copies every field, and the update rules read this every step
         return hyper_of({name: getattr(self, name)
                          for name in ("algorithm", "ranks", "lr", "momentum", "rho", "inner_optimizer")})
 
     @property
     def communication_options(self) -> Communication:
-        """The gradient-communication options: the preset's, with the fields given. ``overlap``
-        means the gradient hooks for sync-sgd; Sync EASGD and the master-based EASGD workers
-        overlap their weight exchange with the gradient computation instead."""
+        """The gradient-communication options (a ``Communication``): the preset's, with the fields given.
+        ``overlap`` means the gradient hooks for sync-sgd; Sync EASGD and the master-based EASGD workers
+        overlap their weight exchange with the gradient computation instead.
+
+        Raises:
+            ConfigError: the options together are not allowed, or a field contradicts the preset.
+        """
         values = {name: getattr(self, name) for name in _COMM}
         try:
             return Communication(**{**values, **self._preset()})
@@ -339,7 +365,8 @@ class RunConfig:
     @property
     def data_sizes(self) -> dict[str, int | None]:
         """The keywords of :func:`workbench.data.load` and :func:`~workbench.data.describe` that size
-        the data set: ``samples`` (synthetic sets) and ``subset``."""
+        the data set: ``samples`` (samples of a synthetic set) and ``subset`` (rows kept of each split;
+        None: all)."""
         return {"samples": self.synthetic_samples, "subset": self.subset}
 
     @property
@@ -349,7 +376,8 @@ class RunConfig:
 
     @property
     def spec(self):
-        """The algorithm's definition (:class:`~workbench.optim.definition.Algorithm`)."""
+        """The algorithm's definition (:class:`~workbench.optim.definition.Algorithm`), from the registry or
+        the user's ``package.module:NAME``."""
         return definition_of(self.algorithm)
 
     @property
@@ -400,13 +428,29 @@ class RunConfig:
 
     # -- serialisation -------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """Every field by name (a deep copy), as given: ``None`` stays ``None``
+        (:meth:`from_dict` reads it back)."""
         return dataclasses.asdict(self)
 
     def to_json(self) -> str:
+        """:meth:`to_dict` as JSON text, keys sorted (the run directory's ``config.json``)."""
         return json.dumps(self.to_dict(), indent=1, sort_keys=True)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
+        """A RunConfig from its fields by name (:meth:`to_dict`, a stored config).
+
+        Args:
+            values: field name -> value; a field left out takes its default; ``single_buffer`` is
+                accepted (deprecated).
+
+        Returns:
+            (RunConfig): The validated RunConfig.
+
+        Raises:
+            ConfigError: a key that is no field (the message lists the known ones), or any value the
+                constructor refuses.
+        """
         known = {f.name for f in dataclasses.fields(cls)} | {"single_buffer"}
         unknown = set(values) - known
         if unknown:

@@ -16,7 +16,7 @@
 torch is imported only where tensors are made, so validating a configuration (``describe``)
 needs numpy alone. ``digits`` and ``synthetic`` are made with scikit-learn once per machine and kept
 as ``.npz`` files (:mod:`workbench.generated_sets`; ``WORKBENCH_DATA_CACHE``): importing scikit-learn (and the
-scipy.stats it pulls in) took every rank 2-3 s of CPU, longer than a whole digits run trains.
+scipy.stats it pulls in) cost every rank seconds of CPU, longer than a whole digits run trains.
 
 Batches are a pure function of (seed, rank, epoch, step), so a resumed run sees exactly the
 batches an uninterrupted one would.

@@ -1,6 +1,6 @@
 """The data sets made with scikit-learn, kept on disk: ``digits`` and ``synthetic`` (:mod:`workbench.data`)
 are made once per machine and read back as ``.npz`` by every later process, which then never
-imports scikit-learn (with the scipy.stats it pulls in, 2-3 s of CPU a rank: longer than a whole digits
+imports scikit-learn (with the scipy.stats it pulls in, seconds of CPU a rank: longer than a whole digits
 run trains). ``WORKBENCH_DATA_CACHE`` moves the folder (default ``~/.cache/workbench/datasets``) or,
 set to ``none``, keeps nothing.
 """

@@ -108,8 +108,9 @@ class MPIFlavour:
         """mpiexec arguments with which a job goes on when one of its ranks dies, the others told of it (an
         MPI call that involves the dead rank raises ``MPI_ERR_PROC_FAILED``: ULFM), or None where the library
         has none that works. MPICH 5.0.2 (pip): none; hydra's ``-disable-auto-cleanup`` still ends the other
-        ranks 0.3 s after one is SIGKILLed, and ``MPIR_CVAR_ENABLE_FT=1`` fails an assertion in MPI_Init
-        (ch4_request.h:16), measured 2026-11-29. Intel MPI's hydra: not measured, taken as MPICH's."""
+        ranks shortly after one is SIGKILLed, and ``MPIR_CVAR_ENABLE_FT=1`` fails an assertion in MPI_Init
+        (ch4_request.h:16) (docs/faults.md, "Runs that survive a fault"). Intel MPI's hydra: not tried, taken
+        as MPICH's."""
         return None
 
     def output_args(self, output_dir: str) -> list[str]:
@@ -191,10 +192,10 @@ class OpenMPI(MPIFlavour):
 
     def survivors_args(self) -> list[str] | None:
         """Open MPI 5 carries ULFM: ``--with-ft ulfm`` keeps the job going when a rank dies, and the ranks that
-        talk to it get ``MPI_ERR_PROC_FAILED`` (measured with 5.0.11: the others finish, exit code 0). Not when a
-        node dies with the rank: the node's ``prted`` lost, prterun exits 0 and the ranks on the other nodes are
-        SIGTERMed, with ``--enable-recovery`` too (measured on a virtual cluster, 2026-11-29); the run then
-        restarts (``max_restarts``)."""
+        talk to it get ``MPI_ERR_PROC_FAILED`` (with 5.0.11 the others finish, exit code 0: benchmarks/README.md,
+        "A lost node"). Not when a node dies with the rank: the node's ``prted`` lost, prterun exits 0 and the
+        ranks on the other nodes are SIGTERMed, with ``--enable-recovery`` too (on a virtual cluster: docs/faults.md,
+        "Not yet: serving on without a worker whose whole node is lost"); the run then restarts (``max_restarts``)."""
         return ["--with-ft", "ulfm"]
 
     def output_args(self, output_dir: str) -> list[str]:

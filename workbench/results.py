@@ -85,10 +85,16 @@ class LiveSource:
     _observers: list[RunObserver]
 
     def done(self) -> bool:
+        """Whether the run has ended (finished, failed or cancelled)."""
         return self._done.is_set()
 
     def add_observer(self, observer: RunObserver) -> None:
-        """Call ``observer.on_data(run)`` when data arrives and ``on_finish(run)`` at the end."""
+        """Call ``observer.on_data(run)`` when data arrives and ``on_finish(run)`` at the end (at once when
+        the run has ended already), from the run's receiver thread.
+
+        Args:
+            observer: a :class:`RunObserver` (the dashboard is one); its hooks must be cheap.
+        """
         self._observers.append(observer)
         if self.done():
             observer.on_finish(self)
@@ -104,7 +110,11 @@ class RunResult:
         config: the :class:`~workbench.config.RunConfig` as a dict.
         summary: ``summary.json``, a dict with the keys of :class:`~workbench.summary.Summary`
             (None when the run failed before finishing).
-        history: metrics as a DataFrame (see the module docstring).
+        history: metrics as a DataFrame, one row per metric record: ``kind`` (``"train"``: one worker's
+            loss at a step; ``"eval"``: test accuracy/loss of the center or the model at an evaluation
+            point), ``rank``, ``t`` (seconds since the ranks' common start), and ``step``, ``loss``, ``lr``
+            (of that step, or of a master's arrival at an evaluation), ``test_accuracy``, ``test_loss``,
+            ``epoch``, ``arrivals``, ``final`` where they apply.
         trace: Chrome trace events (``ph == "X"`` spans, ``ts``/``dur`` in microseconds).
         status: one of ``running``, ``finished``, ``failed``, ``cancelled``.
         error: the failure (rank and traceback) for failed runs.
@@ -125,7 +135,20 @@ class RunResult:
 
     @classmethod
     def from_run_dir(cls, run_dir: str | os.PathLike, run_id: str | None = None) -> "RunResult":
-        """Load a run directory written by the batch runner or a cluster run."""
+        """Load a run directory written by the batch runner or a cluster run.
+
+        Args:
+            run_dir: the folder: ``config.json``, and ``summary.json``, ``metrics.jsonl`` and ``trace.json``
+                where the run wrote them (a missing one leaves its part empty).
+            run_id: the id to give it (default: the folder's name).
+
+        Returns:
+            (RunResult): The run; its status from the summary (``failed`` without one).
+
+        Raises:
+            FileNotFoundError: the folder has no ``config.json``.
+            json.JSONDecodeError: one of its JSON files is not JSON (a ValueError).
+        """
         run_dir = Path(run_dir)
         config = json.loads((run_dir / "config.json").read_text())
         summary_path = run_dir / "summary.json"
@@ -141,6 +164,7 @@ class RunResult:
 
     @property
     def ranks(self) -> int:
+        """The ranks the run was configured with (``config["ranks"]``), the master included."""
         return int(self.config["ranks"])
 
     @property
@@ -150,21 +174,33 @@ class RunResult:
         return None if self.summary is None else self.summary.get("steps")
 
     def done(self) -> bool:
+        """Whether the run has ended: any status but ``running``."""
         return self.status != "running"
 
     def time_to_accuracy(self, target: float) -> float | None:
-        """Seconds until an evaluation first reached ``target`` test accuracy, or None."""
+        """Seconds from the ranks' common start until an evaluation during training first reached ``target``
+        test accuracy (the final evaluation not counted), or None if none did.
+
+        Args:
+            target: the test accuracy, a fraction in [0, 1].
+        """
         return time_to_accuracy(self.history, target)
 
     def chrome_trace(self) -> dict:
-        """``{"traceEvents": [...]}`` with one named row group per rank."""
+        """The spans as a Chrome trace, ``{"traceEvents": [...]}``, with one named row group per rank (the
+        master's named as such); times in microseconds."""
         from .optim.registry import known_definition
         spec = known_definition(self.config.get("algorithm"))
         return chrome_trace(self.trace, sorted({e["pid"] for e in self.trace}),
                             master=0 if spec is not None and spec.master_based else None)
 
     def save_trace(self, path: str | os.PathLike) -> Path:
-        """Write the spans as Chrome-trace JSON (opens in Perfetto) and return the path."""
+        """Write the spans as Chrome-trace JSON (:meth:`chrome_trace`; opens in Perfetto), creating the
+        folder, and return the path.
+
+        Args:
+            path: the file to write (replaced if it exists).
+        """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(self.chrome_trace()))

@@ -24,7 +24,51 @@ class Summary(TypedDict, total=False):
     """``summary.json``: what rank 0 writes when a run ends (finished or cancelled).
 
     A dict at run time (``RunResult.summary``, JSON in the store); this names its keys and types.
-    Times are seconds, sizes bytes, shares fractions in [0, 1].
+    Times are seconds, sizes bytes, shares fractions in [0, 1]. Every summary holds ``algorithm``, ``ranks``,
+    ``config``, ``final_test_accuracy``, ``final_loss``, ``wall_seconds``, ``steps``, ``comm_fraction`` and
+    ``bytes_sent`` (:data:`CONTRACT_KEYS`), a synchronous algorithm's ``weights_checksum`` too; another key
+    that does not apply to a run may be missing.
+
+    Attributes:
+        algorithm: the training algorithm's name.
+        ranks: the MPI ranks, the master included.
+        workers: ranks that train: all, or all but the master.
+        cancelled: stopped early by ``cancel()``.
+        config: the :class:`~workbench.config.RunConfig` as a dict.
+        hyper: ``lr``, ``momentum`` and ``rho`` as the run used them (``RunConfig.hyper``).
+        communication: the gradient-communication options as the run used them.
+        final_test_accuracy: of the final weights (center / master's weights / model), in [0, 1].
+        final_test_loss: of the final weights.
+        final_loss: mean train loss of the last ``workers * 5`` steps.
+        wall_seconds: training time from the ranks' common start, longest rank (a run that came back from
+            faults: the whole run on its clock).
+        setup_seconds: imports, data and model set-up before it, longest rank.
+        steps: training steps taken, summed over the workers.
+        steps_per_worker: the most steps one worker took.
+        comm_fraction: ``telemetry.comm_fraction``, mean over ranks (None: telemetry off).
+        comm_fraction_workers: the same over the ranks that train.
+        time_in: seconds in each span category and ``exposed_comm``, mean over ranks.
+        bytes_sent: deprecated (one release): ``wire_bytes`` summed over the ranks (after faults: over every
+            incarnation).
+        wire_bytes: bytes one rank put on the wire over the whole run, averaged over ranks (from each rank's
+            byte counter, telemetry on or off; after faults: the last incarnation's, as the fields below).
+        dense_wire_bytes: what dense fp32 with the same algorithm and collective would have sent.
+        messages: messages one rank sent (all-reduce calls, CSC norms included; point-to-point sends).
+        wire_bytes_per_step: ``wire_bytes / steps_per_worker``.
+        messages_per_step: ``messages / steps_per_worker``.
+        compression_ratio: ``dense_wire_bytes / wire_bytes`` (None: nothing sent).
+        skipped_steps: steps every rank skipped (an fp16/bf16 overflow on the wire).
+        parameters: the model's parameters.
+        weights_checksum: sha256 of the final weights: synchronous algorithms only.
+        evaluations: evaluation points during training (the final one not counted).
+        memory_per_rank: per rank, ``data_bytes`` (its shard and test rows) and ``max_rss_bytes``.
+        restarts: a run that came back from faults (``max_restarts``): one dict per fault, with
+            ``incarnation``, ``detected`` (unix seconds), ``rank``, ``cause``, ``resumed_from_step``,
+            ``nodes_lost``, ``world_size`` (of the next incarnation), ``recovery_seconds`` and ``bytes_sent``
+            (by the incarnation that failed, as its ranks' records had it).
+        incarnations: 1 + the restarts.
+        world_sizes: the ranks of each incarnation, in order.
+        workers_lost: workers a master served on without (``rank``, ``node``, ``cause``): no restart.
     """
 
     algorithm: str

@@ -49,8 +49,27 @@ class Sweep:
         grid: field name -> list of values; every combination is one configuration.
         seeds: seeds to run each configuration with.
         name: a label (part of the sweep's identity).
-        target_accuracy: test accuracy for the time-to-target column and plot.
-        store: a :class:`~workbench.store.Store`, a path, or None for the default store.
+        target_accuracy: test accuracy (a fraction in [0, 1]) for the time-to-target column and plot.
+        store (Store | str | PathLike | None): a :class:`~workbench.store.Store`, a path, or None for the
+            default store.
+
+    Raises:
+        ConfigError: a grid key that is no RunConfig field, a grid value that is not a non-empty list, no
+            seeds, or a base or a point (named by its values and seed) that RunConfig refuses; all checked
+            before anything runs.
+        TypeError: a base dict with a key that is no RunConfig field.
+
+    Warns:
+        UserWarning: once per sweep, naming the options a point's algorithm ignores (its points run
+            without them).
+
+    Attributes:
+        points (list[tuple[str, RunConfig]]): ``(key, RunConfig)`` of every point, validated; ``key`` is
+            the point's grid values and seed as JSON (its ``sweep_key`` in the store).
+        sweep_id (str): the sweep's id in the store, a hash of its definition (``sweep-<12 hex>``).
+        store (Store): the :class:`~workbench.store.Store` its runs are recorded in.
+        base (dict): the base's fields as given; ``grid``, ``seeds``, ``name``, ``target_accuracy``: as given.
+        current_run (Run | None): the :class:`~workbench.runtime.client.run.Run` going on now (None between points).
     """
 
     def __init__(self, base: RunConfig | dict, grid: dict[str, list], seeds: list[int] = (0,), *,
@@ -97,12 +116,13 @@ class Sweep:
         return len(self.points)
 
     def pending(self) -> list[tuple[str, RunConfig]]:
-        """Points not yet finished in the store (failed ones are retried)."""
+        """Points not yet finished in the store (failed ones are retried), as ``(key, RunConfig)``."""
         done = self.store.finished_keys(self.sweep_id)
         return [(key, cfg) for key, cfg in self.points if key not in done]
 
     def stop(self) -> None:
-        """Stop after cancelling the current run (from another thread, e.g. a Stop button)."""
+        """Stop :meth:`run` before its next point, after cancelling the current run (10 s for its ranks to
+        stop); from another thread, e.g. a Stop button."""
         self._stop.set()
         if self.current_run is not None and not self.current_run.done():
             self.current_run.cancel(timeout=10)
@@ -111,8 +131,18 @@ class Sweep:
             on_result: Callable[[str, RunResult | None, str | None], None] | None = None) -> pd.DataFrame:
         """Run every pending point on ``cluster``, one after another; return :meth:`results`.
 
-        A point that fails is recorded with its error and the sweep goes on. ``on_result(key,
-        result, error)`` is called after each point (the sweep panel updates its table there).
+        A point that fails (a failed run, a refused configuration, a timeout) is recorded with its
+        error and the sweep goes on.
+
+        Args:
+            cluster (Cluster): the :class:`~workbench.runtime.client.cluster.Cluster` to train on.
+            progress: show a tqdm progress bar of the points.
+            run_timeout: seconds before a point's run is cancelled.
+            on_result: called as ``on_result(key, result, error)`` after each point, ``result`` None
+                and ``error`` the message when it failed (the sweep panel updates its table there).
+
+        Returns:
+            :meth:`results`: one row per run of the sweep.
         """
         from tqdm.auto import tqdm
 
@@ -147,7 +177,16 @@ class Sweep:
         return self.store.sweep_runs(self.sweep_id, target_accuracy=self.target_accuracy)
 
     def summary(self, by: list[str] | None = None) -> pd.DataFrame:
-        """Median and spread over seeds of time to target and final accuracy per configuration."""
+        """Median and spread over seeds of time to target and final accuracy per configuration, from the
+        finished runs.
+
+        Args:
+            by: the columns that make a configuration (default: the grid's parameters).
+
+        Returns:
+            One row per configuration: ``runs``, ``time_to_target_median``, ``_min`` and ``_max`` (seconds),
+                ``final_accuracy_median`` and ``comm_fraction_median``; empty when no run is stored.
+        """
         frame = self.results()
         by = by or list(self.grid)
         if frame.empty:
@@ -161,9 +200,18 @@ class Sweep:
                                     comm_fraction_median=("comm_fraction", "median")).reset_index()
 
     def plot(self, x: str | None = None, y: str = "time_to_target", color: str | None = None):
-        """A plotly figure of ``y`` against ``x`` (default: the first numeric grid parameter),
-        one line per ``color`` (default: ``algorithm`` if it is in the grid), median over seeds
-        with min-max error bars."""
+        """A plotly figure of ``y`` against ``x``, one line per ``color``, median over seeds of the finished
+        runs with min-max error bars.
+
+        Args:
+            x: a column of :meth:`results` (default: the first grid parameter other than ``algorithm``,
+                else ``algorithm``).
+            y: the column plotted (default ``time_to_target``, seconds).
+            color: the column whose values are the lines (default: ``algorithm`` if it is in the grid).
+
+        Returns:
+            (plotly.graph_objects.Figure): The figure (no line when no run finished).
+        """
         import plotly.graph_objects as go
         frame = self.results()
         keys = list(self.grid)

@@ -194,7 +194,8 @@ def csc_hook(state: CSCState, bucket: GradBucket) -> Work:
 def top_chunks(norms: torch.Tensor, keep: int) -> torch.Tensor:
     """The ``keep`` chunks of largest norm, ties to the lower index, as sorted chunk indices: the
     first ``keep`` of a stable descending sort, found by selection (the keep-th largest norm, the
-    chunks above it, then the tied ones from the lowest index; 955K chunks: 17 ms against 126 ms).
+    chunks above it, then the tied ones from the lowest index; faster than the sort on many chunks:
+    benchmarks/README.md, "What the hooks cost apart from the wire").
     Norms with a NaN (an overflow: the step will be skipped) take the sort, where NaN comes first."""
     if bool(torch.isnan(norms).any()):
         order = torch.sort(norms, descending=True, stable=True).indices

@@ -129,8 +129,8 @@ class Work:
 class Wire:
     """How messages travel: the communicator, the collective, and the :class:`Traffic` counter
     every message is counted in. fp16/bf16 tensors run ``ring`` where ``native`` or ``auto`` was
-    asked for: MPI has no bf16 sum, and MPICH sums fp16 in software (1.1M elements: 27.8 ms
-    against 2.8 ms in fp32), while the ring adds through torch (1.7 ms)."""
+    asked for: MPI has no bf16 sum, and MPICH sums fp16 in software, many times slower than fp32,
+    while the ring adds through torch (benchmarks/README.md, "Gradient communication against DDP")."""
 
     def __init__(self, comm: MPI.Comm, collective: str, traffic: Traffic | None = None) -> None:
         self.comm, self.collective = comm, collective

@@ -118,8 +118,8 @@ class _HalfWire(Wire):
 
 def finite(tensor: torch.Tensor) -> bool:
     """No inf or NaN in ``tensor``: its min and max are finite (NaN propagates through both).
-    One vectorised pass; ``torch.isfinite(t).all()`` builds a boolean copy and is 20-50x slower
-    (61M fp16 values: 6 ms against 290 ms)."""
+    One vectorised pass; ``torch.isfinite(t).all()`` builds a boolean copy and is many times slower
+    (benchmarks/README.md, "What the hooks cost apart from the wire")."""
     if tensor.numel() == 0:
         return True
     low, high = torch.aminmax(tensor)

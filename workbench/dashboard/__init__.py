@@ -43,9 +43,20 @@ class Dashboard(RunObserver):
     """Live (or replayed) view of one run.
 
     Args:
-        source: a live :class:`~workbench.runtime.client.run.Run` or a :class:`~workbench.results.RunResult`.
-        window_seconds: how much of the recent trace the timeline shows.
+        source (Run | RunResult): a live :class:`~workbench.runtime.client.run.Run` (the dashboard observes it
+            until it ends) or a :class:`~workbench.results.RunResult` (drawn once).
+        window_seconds: seconds of the recent trace the timeline shows.
         max_fps: redraws per second at most (the notebook's frontend is the bottleneck).
+
+    Attributes:
+        widget (ipywidgets.VBox): what the notebook shows: the status line, the progress bar and the
+            three figures.
+        loss (plotly.graph_objects.FigureWidget): the loss (and test accuracy) figure; ``shares``: the time share per
+            rank; ``timeline``: the per-rank timeline.
+        status (ipywidgets.HTML): the status line; ``progress``: the progress bar (0 to 1).
+        ranks (int): the run's ranks; ``algorithm``: its algorithm.
+        redraws (int): how many redraws have completed.
+        errors (list[BaseException]): the exceptions of the live loop's redraws that failed, oldest first.
     """
 
     def __init__(self, source, window_seconds: float = 2.0, max_fps: float = 2.0) -> None:
@@ -82,9 +93,19 @@ class Dashboard(RunObserver):
 
     # -- observer hooks (called on the run's receiver thread: keep them cheap) --------------
     def on_data(self, run) -> None:
+        """New data arrived: mark the dashboard for a redraw (called on the run's receiver thread).
+
+        Args:
+            run (Run): the run observed (the dashboard reads its source, the same run).
+        """
         self._dirty.set()
 
     def on_finish(self, run) -> None:
+        """The run ended: one last redraw, then the live loop stops.
+
+        Args:
+            run (Run): the run observed.
+        """
         self._finished.set()
         self._dirty.set()
 
@@ -112,7 +133,8 @@ class Dashboard(RunObserver):
 
     # -- drawing ---------------------------------------------------------------------------
     def figures(self) -> dict[str, go.Figure]:
-        """The current figures as plain ``go.Figure`` objects (name -> figure)."""
+        """The current figures as plain ``go.Figure`` objects: ``"loss"``, ``"shares"`` and ``"timeline"``
+        -> figure."""
         history, trace = self.source.history, self.source.trace
         return {"loss": loss_figure(history, algorithm=self.algorithm), "shares": share_figure(time_shares(trace, self.ranks)),
                 "timeline": timeline_figure(trace, self.ranks, self.window_seconds)}
@@ -181,7 +203,15 @@ class Dashboard(RunObserver):
 
     # -- static output ---------------------------------------------------------------------
     def to_html(self, path: str | Path) -> Path:
-        """One standalone HTML file with the status and all figures (plotly.js embedded once)."""
+        """Write one standalone HTML file with the status and all figures (plotly.js embedded once),
+        creating its folder.
+
+        Args:
+            path: the file to write (replaced if it exists).
+
+        Returns:
+            The path written.
+        """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(self._html(full=True))
@@ -203,6 +233,7 @@ class Dashboard(RunObserver):
         display(HTML(self._html(full=True)))
 
     def close(self) -> None:
+        """Stop the live redraws (the figures stay as they are)."""
         self._closed.set()
         self._dirty.set()
 

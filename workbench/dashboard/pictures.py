@@ -135,7 +135,7 @@ def _arrows(topo: Topology, arrows, where, index: int) -> list[dict]:
 
 def _annotate(fig: go.Figure, annotations: list[dict]) -> None:
     """Add ``annotations`` to ``fig`` in one assignment: plotly re-validates every annotation on each
-    ``add_annotation`` (quadratic: 180 s for the 4x4 torus's link-use figure) and merges element by
+    ``add_annotation`` (quadratic: minutes for the 4x4 torus's link-use figure) and merges element by
     element in ``update_layout``."""
     fig.layout.annotations = (*fig.layout.annotations, *annotations)
 

@@ -65,20 +65,29 @@ class DefinitionError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class Algorithm:
-    """One training algorithm.
+    """One training algorithm, declared as one of its three families (:class:`LockStep`, :class:`Periodic`,
+    :class:`MasterBased`), which take these arguments.
 
-    Attributes:
+    Args:
         name: the name users give (``RunConfig(algorithm=...)``, ``--algorithm``).
         description: one line, shown by ``workbench algorithms`` and ``wb.algorithms()``.
-        worker: ``"module:Class"`` that every rank runs (ranks 1..N-1 when there is a master). It is
-            built with the rank's :class:`~workbench.runtime.rank.context.Context` and has
-            ``run(resume_dir=None)``, which returns the final weights.
-        master: ``"module:Class"`` that rank 0 runs (:class:`MasterBased` only).
-        default_lr, default_momentum: what ``RunConfig(lr=None, momentum=None)`` means for it.
-        options: the options it takes among those only some algorithms take (the module's groups:
-            :data:`ELASTIC`, :data:`PERIOD`, ...); an option every algorithm takes is not listed.
-        exchange: how it communicates, one of :data:`EXCHANGES`, for the predictor; None: the
-            predictor does not model it.
+        worker: ``"package.module:Class"`` that every rank runs (ranks 1..N-1 when there is a master),
+            imported on the ranks only; built with the rank's :class:`~workbench.runtime.rank.context.Context`,
+            its ``run(resume_dir=None)`` returns the final weights.
+        master: ``"package.module:Class"`` that rank 0 runs (it serves the center or the weights):
+            :class:`MasterBased` only, which needs it.
+        default_lr: the learning rate ``RunConfig(lr=None)`` means for it.
+        default_momentum: the momentum ``RunConfig(momentum=None)`` means for it (> 0: a momentum variant).
+        options: the options it takes among those only some algorithms take (the groups of
+            :mod:`workbench.optim.definition`: :data:`ELASTIC`, :data:`PERIOD`, :data:`MOMENTUM`, ...); one
+            every algorithm takes is not listed.
+        exchange: how it communicates, one of :data:`EXCHANGES`, for the predictor; None: the predictor
+            does not model it.
+
+    Raises:
+        DefinitionError: the class itself rather than a family; a ``master`` given to a family without one,
+            or none to :class:`MasterBased`; a ``worker`` or ``master`` that is not ``"package.module:Class"``;
+            an ``exchange`` that is not one of :data:`EXCHANGES`.
     """
 
     #: "lock-step", "periodic" or "master-based"
@@ -178,7 +187,17 @@ class Algorithm:
 
 @dataclass(frozen=True, kw_only=True)
 class LockStep(Algorithm):
-    """Every rank trains in lock-step: gradients (``exchange="gradients"``) or weights all-reduced."""
+    """Every rank trains in lock-step: gradients (``exchange="gradients"``) or weights all-reduced.
+
+    Bitwise deterministic for a seed: the final weights are checksummed. The all-reduce's ``collective``
+    applies.
+
+    Its arguments, and the errors they may raise, are :class:`Algorithm`'s.
+
+    Attributes:
+        family: ``"lock-step"``.
+        period: the option that sets the steps between exchanges, for the predictor: ``tau``.
+    """
 
     family: ClassVar[str] = "lock-step"
     period: ClassVar[str | None] = "tau"
@@ -186,12 +205,32 @@ class LockStep(Algorithm):
 
 @dataclass(frozen=True, kw_only=True)
 class Periodic(LockStep):
-    """EASGD's descendants: ``sync_every`` local steps of the inner optimizer, then an exchange."""
+    """EASGD's descendants: ``sync_every`` local steps of the inner optimizer, then an exchange.
+
+    A lock-step family of its own; the inner optimizer's options apply. Its checks (:meth:`check`): AdamW
+    without momentum, Streaming DiLoCo's fragments.
+
+    Its arguments, and the errors they may raise, are :class:`Algorithm`'s.
+
+    Attributes:
+        family: ``"periodic"``.
+        period: the option that sets the steps between exchanges, for the predictor: ``sync_every``.
+    """
 
     family: ClassVar[str] = "periodic"
     period: ClassVar[str | None] = "sync_every"
 
     def check(self, cfg: Any) -> None:
+        """The family's checks of a :class:`~workbench.config.RunConfig`, which calls it at construction.
+
+        Args:
+            cfg: the configuration (its fields checked one by one already).
+
+        Raises:
+            ConfigError: ``momentum`` given with ``inner_optimizer="adamw"`` (AdamW uses its betas); for a
+                streaming algorithm, ``fragments`` more than ``sync_every``, ``sync_delay`` not below
+                ``sync_every // fragments``, or more fragments than the model has parameter tensors.
+        """
         if cfg.inner_optimizer == "adamw" and cfg.momentum is not None:
             raise ConfigError(f"momentum: inner_optimizer='adamw' uses its betas (0.9, 0.999), not momentum "
                               f"(got {cfg.momentum!r}); leave momentum unset or use inner_optimizer='sgd'")
@@ -219,12 +258,30 @@ def _check_fragments(cfg: Any) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class MasterBased(Algorithm):
-    """Rank 0 serves; ranks 1..N-1 train and exchange with it every ``tau`` steps, point to point."""
+    """Rank 0 serves; ranks 1..N-1 train and exchange with it every ``tau`` steps, point to point.
+
+    Its checks (:meth:`check`): at least two ranks, one message per exchange.
+
+    Its arguments, and the errors they may raise, are :class:`Algorithm`'s.
+
+    Attributes:
+        family: ``"master-based"``.
+        period: the option that sets the steps between exchanges, for the predictor: ``tau``.
+    """
 
     family: ClassVar[str] = "master-based"
     period: ClassVar[str | None] = "tau"
 
     def check(self, cfg: Any) -> None:
+        """The family's checks of a :class:`~workbench.config.RunConfig`, which calls it at construction.
+
+        Args:
+            cfg: the configuration (its fields checked one by one already).
+
+        Raises:
+            ConfigError: fewer than 2 ranks (rank 0 is the master), or a ``fusion_bytes`` other than unset
+                or 0 (a worker sends one message per exchange, or one per tensor).
+        """
         if cfg.ranks < 2:
             raise ConfigError(f"ranks must be >= 2 for {cfg.algorithm} (rank 0 is the master)")
         fusion = cfg.communication_options.fusion_bytes

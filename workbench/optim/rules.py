@@ -66,7 +66,8 @@ def momentum_sgd_(x: Tensor, v: Tensor, grad: Tensor, lr: float, momentum: float
     """:func:`momentum_sgd` in place: ``x`` and ``v`` become ``x'`` and ``v'``, the same bits (each
     elementwise operation in its order), ``lr*grad`` in ``scratch`` (a tensor like ``x``; it may be
     ``grad`` itself). The functional form makes model-sized temporaries a step, each faulted in page by
-    page: AlexNet's 61M parameters took 1.08 s a step on one core here against 0.11 s in place."""
+    page: on AlexNet a step took several times as long as in place (benchmarks/README.md, "GradientFlow on a
+    virtual cluster")."""
     torch.mul(grad, lr, out=scratch)   # lr * grad
     v.mul_(momentum).sub_(scratch)     # v' = momentum * v - lr * grad
     x.add_(v)                          # x' = x + v'

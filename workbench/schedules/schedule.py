@@ -22,6 +22,12 @@ class Transfer(NamedTuple):
 
     ``reduce=True``: ``dst.chunk += src.chunk``; ``reduce=False``: ``dst.chunk = src.chunk``.
     A NamedTuple (not a dataclass) because schedules for large networks hold millions of them.
+
+    Attributes:
+        src (int): the sending rank.
+        dst (int): the receiving rank.
+        chunk (int): the chunk's index, in ``0 .. nchunks-1`` (:func:`chunk_bounds`).
+        reduce (bool): add into the receiver's chunk (True) or overwrite it (False).
     """
 
     src: int
@@ -62,6 +68,10 @@ class Schedule:
         nchunks: the buffer is split into this many chunks (see :func:`chunk_bounds`).
         steps: ``steps[t]`` is the list of transfers of step ``t``.
         params: generator arguments worth showing (e.g. the ring order), for display only.
+
+    Raises:
+        ScheduleError: ``nranks`` or ``nchunks`` is not an integer >= 1 (at construction; whether the steps
+            compute an all-reduce is :meth:`validate`'s).
     """
 
     name: str
@@ -89,7 +99,11 @@ class Schedule:
         return sum(len(s) for s in self.steps)
 
     def chunks_sent_by(self, rank: int) -> int:
-        """How many chunk transfers ``rank`` sends over the whole schedule."""
+        """How many chunk transfers ``rank`` sends over the whole schedule (0 for a rank that sends none).
+
+        Args:
+            rank: the rank, in ``0 .. nranks-1``.
+        """
         return sum(1 for s in self.steps for t in s if t.src == rank)
 
     def __repr__(self) -> str:
@@ -103,7 +117,15 @@ class Schedule:
         set. A reduce that would add a contribution already present is *double counting*; two
         copies into the same place in one step, or a copy and a reduce, are *conflicting
         writes*; after the last step a missing contribution anywhere is reported with the
-        rank, chunk and missing ranks. Returns ``self`` so calls can be chained.
+        rank, chunk and missing ranks.
+
+        Returns:
+            (Schedule): The schedule itself, so calls can be chained.
+
+        Raises:
+            ScheduleError: a rank or chunk out of range, a rank sending to itself, conflicting writes,
+                double counting (the message names the step and the transfer), or a contribution missing
+                after the last step (it names the rank, the chunk and the missing ranks).
         """
         n, k = self.nranks, self.nchunks
         state = [[1 << r] * k for r in range(n)]

@@ -36,11 +36,20 @@ class Runs(Database):
                   resumed_from: str | None = None) -> None:
         """Record a run as ``running`` before it starts, so a crash still leaves its row.
 
-        ``resumed_from``: the run (id, or directory) this one continues from a checkpoint.
         Starting an id whose row is ``running`` or ``failed`` (a retry under the same id) resets
-        its status and error and keeps its creation time, metrics and link. Starting an id whose
-        run finished or was cancelled raises ValueError: that row is never overwritten (pick a
-        new id: :func:`workbench.runtime.rundir.run_id_for`).
+        its status and error and keeps its creation time, metrics and link.
+
+        Args:
+            run_id: the run's id.
+            config: the run's :class:`~workbench.config.RunConfig` as a dict.
+            run_dir: the run's folder, if it has one.
+            sweep_id: the sweep the run belongs to, if any.
+            sweep_key: the run's point in that sweep.
+            resumed_from: the run (id, or directory) this one continues from a checkpoint.
+
+        Raises:
+            ValueError: the id's run finished or was cancelled: that row is never overwritten (pick a new
+                id: :func:`workbench.runtime.rundir.run_id_for`).
         """
         values = (time.time(), config.get("algorithm"), plain(config.get("ranks")), dumps(config),
                   None if run_dir is None else os.fspath(run_dir), sweep_id, sweep_key, resumed_from, run_id)
@@ -59,7 +68,15 @@ class Runs(Database):
                              "resumed_from) WHERE run_id = ?", values[1:])
 
     def append_metrics(self, run_id: str, records: list[dict]) -> None:
-        """Append live metric records (dicts as in ``metrics.jsonl``) to a stored run."""
+        """Append live metric records to a stored run, after those it has.
+
+        Args:
+            run_id: the run's id.
+            records: dicts as in ``metrics.jsonl`` (nothing to do when empty).
+
+        Raises:
+            KeyError: the store holds no run ``run_id`` (the message says how to list those it does).
+        """
         if not records:
             return
         with self._write() as conn:
@@ -74,12 +91,31 @@ class Runs(Database):
 
         A run already stored keeps its creation time, and its sweep id/key unless new ones are
         given. A new row's creation time is its ``config.json``'s time when ``run_dir`` has one.
+
+        Args:
+            result: the run.
+            sweep_id: the sweep the run belongs to (None: the stored one's, if any).
+            sweep_key: the run's point in that sweep (None: the stored one's, if any).
+
+        Raises:
+            ValueError: ``result.status`` is not a run status (``running``, ``finished``, ``failed``,
+                ``cancelled``).
         """
         return self._put(result, sweep_id, sweep_key, keep_live_data=False)
 
     def finish(self, result: RunResult) -> str:
         """Store a run's final state, keeping its row's sweep id/key and creation time, and the
-        live metrics and trace already stored when ``result`` has none (a run that died early)."""
+        live metrics and trace already stored when ``result`` has none (a run that died early).
+
+        Args:
+            result: the ended run.
+
+        Returns:
+            The run's id.
+
+        Raises:
+            ValueError: ``result.status`` is not a run status.
+        """
         return self._put(result, None, None, keep_live_data=True)
 
     def _put(self, result: RunResult, sweep_id: str | None, sweep_key: str | None, keep_live_data: bool) -> str:
@@ -113,12 +149,33 @@ class Runs(Database):
         return result.run_id
 
     def add_run_dir(self, run_dir: str | os.PathLike, run_id: str | None = None, **kw) -> str:
-        """Store a run directory written by ``workbench train`` or a cluster run (``kw``: as :meth:`add`)."""
+        """Store a run directory written by ``workbench train`` or a cluster run (``kw``: as :meth:`add`).
+
+        Args:
+            run_dir: the run's folder (:meth:`RunResult.from_run_dir <workbench.results.RunResult.from_run_dir>`).
+            run_id: the id to store it under (default: the folder's name).
+            **kw (str | None): ``sweep_id`` and ``sweep_key``, as :meth:`add` takes them.
+
+        Returns:
+            The run's id.
+
+        Raises:
+            FileNotFoundError: the folder has no ``config.json``.
+        """
         return self.add(RunResult.from_run_dir(run_dir, run_id), **kw)
 
     def fail(self, run_id: str, error: str, status: str = "failed") -> None:
         """Mark a stored run ``failed`` (or ``cancelled``) with its error; all else stays.
-        A run that already finished keeps its row: ValueError."""
+
+        Args:
+            run_id: the run's id.
+            error: why it failed (a traceback, a message).
+            status: ``"failed"`` or ``"cancelled"``.
+
+        Raises:
+            ValueError: another ``status``, or the run already finished (its row is kept).
+            KeyError: the store holds no run ``run_id``.
+        """
         if status not in ("failed", "cancelled"):
             raise ValueError(f"status must be 'failed' or 'cancelled'; got {status!r}")
         with self._write() as conn:
@@ -138,24 +195,46 @@ class Runs(Database):
             return self._row(conn, run_id) is not None
 
     def run_id_of(self, run_dir: str | os.PathLike) -> str | None:
-        """The id of the newest stored run whose directory is ``run_dir`` (resolved), or None."""
+        """The id of the newest stored run whose directory is ``run_dir`` (resolved), or None.
+
+        Args:
+            run_dir: a run's folder.
+        """
         with self._read() as conn:
             row = conn.execute("SELECT run_id FROM runs WHERE run_dir = ? ORDER BY created DESC LIMIT 1",
                                (str(Path(run_dir).resolve()),)).fetchone()
         return None if row is None else row[0]
 
     def delete(self, run_id: str) -> None:
-        """Remove a run with its metrics and trace (not its run directory)."""
+        """Remove a run with its metrics and trace (not its run directory).
+
+        Args:
+            run_id: the run's id.
+
+        Raises:
+            KeyError: the store holds no run ``run_id``.
+        """
         with self._write() as conn:
             if conn.execute("DELETE FROM runs WHERE run_id = ?", (run_id,)).rowcount == 0:
                 raise unknown_run(run_id, self.path)
 
     # -- reading runs ----------------------------------------------------------------------
     def follow(self, run_id: str, after: int) -> tuple[str, str | None, list[dict], int, dict | None]:
-        """A look at a run as it goes: its status, error, the metric records stored after sequence
-        number ``after`` (-1: all), the newest record's number, and its config on the first look
-        (``after`` -1; None on the later ones, which a watch takes every second). KeyError naming
-        the store when the run is not in it."""
+        """A look at a run as it goes (one snapshot of the file).
+
+        Args:
+            run_id: the run's id.
+            after: the sequence number of the last record already seen (-1: none; the first look).
+
+        Returns:
+            ``(status, error, records, last, config)``: the run's status and error, the metric records stored
+                after ``after``, the newest record's sequence number (``after`` when none is new), and its
+                config as a dict on the first look (``after`` -1; None on the later ones, which a watch
+                takes every second).
+
+        Raises:
+            KeyError: the store holds no run ``run_id`` (the message names the store).
+        """
         with self._read() as conn:
             conn.execute("BEGIN")
             row = self._row(conn, run_id, "status, error, config" if after < 0 else "status, error, NULL")
@@ -167,9 +246,15 @@ class Runs(Database):
         return row[0], row[1], [json.loads(r) for _, r in rows], rows[-1][0] if rows else after, config
 
     def progress(self, run_ids: list[str]) -> dict[str, dict]:
-        """How far each of ``run_ids`` got by its stored metric records (a running run's live ones):
-        ``{"steps": the most training steps one rank recorded, "test_accuracy": the newest
-        evaluation's (None without one)}``; a run without training records is left out."""
+        """How far each of ``run_ids`` got by its stored metric records (a running run's live ones).
+
+        Args:
+            run_ids: the runs' ids.
+
+        Returns:
+            run id -> ``{"steps": the most training steps one rank recorded, "test_accuracy": the newest
+                evaluation's (None without one)}``; a run without training records is left out.
+        """
         marks = ", ".join("?" * len(run_ids))
         with self._read() as conn:
             conn.execute("BEGIN")
@@ -182,7 +267,15 @@ class Runs(Database):
         return {run_id: {"steps": n, "test_accuracy": accuracy.get(run_id)} for run_id, n in steps}
 
     def load(self, run_id: str) -> RunResult:
-        """The stored run as a :class:`RunResult`; ``KeyError`` naming the id if there is none."""
+        """The stored run as a :class:`RunResult` (one snapshot: row, metrics and trace).
+
+        Args:
+            run_id: the run's id.
+
+        Raises:
+            KeyError: the store holds no run ``run_id`` (the message names the id and says how to list
+                the runs).
+        """
         with self._read() as conn:
             conn.execute("BEGIN")  # one snapshot for the three reads
             row = self._row(conn, run_id, "config, summary, status, error, run_dir, resumed_from")
@@ -206,6 +299,13 @@ class Runs(Database):
         above (``cfg_algorithm``, ``cfg_ranks``); a dict field ``extra`` gives ``extra_<key>``.
         ``time_to_target`` is NaN unless ``target_accuracy`` is given: then it is the seconds
         until an evaluation first reached it (NaN if none did).
+
+        Args:
+            algorithm: only the runs of this algorithm (None: all).
+            status: only the runs with this status (``running``, ``finished``, ``failed``, ``cancelled``).
+            sweep_id: only the runs of this sweep.
+            target_accuracy: test accuracy (a fraction in [0, 1]) for ``time_to_target``; evaluations
+                during training only, the final one not counted.
         """
         where, args = [], []
         for column, value in (("algorithm", algorithm), ("status", status), ("sweep_id", sweep_id)):

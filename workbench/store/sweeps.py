@@ -19,7 +19,14 @@ class Sweeps(Runs):
     def create_sweep(self, name: str, base_config: dict, grid: dict, seeds: list) -> str:
         """Register a sweep and return its id, ``sweep-<12 hex>``: a hash of the definition, so
         the same (name, base_config, grid, seeds) always gives the same id and a sweep re-run
-        after a kernel restart finds its finished points."""
+        after a kernel restart finds its finished points. Registering it again changes nothing.
+
+        Args:
+            name: the sweep's label.
+            base_config: the RunConfig fields every point starts from (a dict).
+            grid: field name -> the values it takes.
+            seeds: the seeds each configuration runs with.
+        """
         definition = {"name": name, "base_config": base_config, "grid": grid, "seeds": list(seeds)}
         canonical = json.dumps(definition, sort_keys=True, separators=(",", ":"), default=json_default)
         sweep_id = "sweep-" + hashlib.sha1(canonical.encode()).hexdigest()[:12]
@@ -45,7 +52,12 @@ class Sweeps(Runs):
         return frame
 
     def sweep_runs(self, sweep_id: str, target_accuracy: float | None = None) -> pd.DataFrame:
-        """The runs of one sweep, as :meth:`runs` gives them."""
+        """The runs of one sweep, as :meth:`runs` gives them.
+
+        Args:
+            sweep_id: the sweep's id (:meth:`create_sweep`).
+            target_accuracy: test accuracy for the ``time_to_target`` column (None: NaN throughout).
+        """
         return self.runs(sweep_id=sweep_id, target_accuracy=target_accuracy)
 
     def _keys(self, sweep_id: str, status: str) -> set[str]:
@@ -55,9 +67,17 @@ class Sweeps(Runs):
                 (sweep_id, status))}
 
     def finished_keys(self, sweep_id: str) -> set[str]:
-        """``sweep_key`` of every run of the sweep that finished."""
+        """``sweep_key`` of every run of the sweep that finished.
+
+        Args:
+            sweep_id: the sweep's id (:meth:`create_sweep`).
+        """
         return self._keys(sweep_id, "finished")
 
     def failed_keys(self, sweep_id: str) -> set[str]:
-        """``sweep_key`` of the points that failed and have not finished since (retry those)."""
+        """``sweep_key`` of the sweep's points that failed and have not finished since (retry those).
+
+        Args:
+            sweep_id: the sweep's id (:meth:`create_sweep`).
+        """
         return self._keys(sweep_id, "failed") - self.finished_keys(sweep_id)

@@ -33,23 +33,37 @@ from .wiring import VirtualClusterError
 #: node's eth0. MPICH's default, UCX, also reaches the network here (each node has its own /dev/shm
 #: and SysV IPC, so its shared-memory transports cannot join two nodes; where namespaces share them,
 #: UCX passes messages through the host's memory and nearly nothing crosses the links), but its
-#: TCP rendezvous protocol reached 0.51-0.61 of the link's bound on 8 MiB all-reduces at 100 Mbit/s
-#: where libfabric's TCP reached 0.94-0.95 (4 nodes; ring, native, halving-doubling). Ranks of one
-#: node still meet in MPICH's own shared memory.
+#: TCP rendezvous protocol left large all-reduces far below the link's bound where libfabric's TCP came
+#: close to it. Ranks of one node still meet in MPICH's own shared memory.
 MPI_ENV = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp", "FI_TCP_IFACE": "eth0",
            "GLOO_SOCKET_IFNAME": "eth0"}
 
 
 class VirtualCluster(Faults):
-    """A virtual cluster: ``nodes`` nodes on ``topology`` (``switch``, ``ring``, ``torus:RxC``,
-    ``mesh:RxC``, ``fully_connected``), every link shaped to ``bandwidth`` (``"100mbit"``,
-    ``"1gbit"``), ``latency`` added per link where the kernel has netem, ``slurm=True`` for a Slurm
-    whose slurmd runs on every node. ``shared``: the cluster's shared folder, mounted on every node
-    at the same path (default ``$WORKBENCH_STATE_DIR/vcluster/NAME/shared``). ``keep``: leave the
-    cluster up when the ``with`` block ends (otherwise it is removed, and one whose owning process
-    died is removed by the next ``up``). ``queue``: bytes each link may queue (``"128K"``, ``"1M"``;
-    default 5 ms at the rate, at least 128 KiB: small queues drop packets when several nodes send to
-    one, large ones delay MPI's control messages behind data)."""
+    """A virtual cluster: ``nodes`` Linux namespaces on this machine joined by links shaped to ``bandwidth``;
+    nothing is built until :meth:`up` (or ``with``).
+
+    Args:
+        name: 1-8 characters, a lower-case letter then letters or digits; its nodes are ``NAME-0``, ...
+        nodes: how many nodes (1..252).
+        topology: ``switch``, ``ring``, ``torus:RxC``, ``mesh:RxC`` or ``fully_connected``.
+        bandwidth: every link's rate: ``"100mbit"``, ``"1gbit"`` (tc's units), or bits per second.
+        latency: added per link where the kernel has netem: ``"50us"``, ``"1ms"``, or seconds.
+        slurm: a Slurm whose slurmd runs on every node.
+        shared: the cluster's shared folder, mounted on every node at the same path (default
+            ``$WORKBENCH_STATE_DIR/vcluster/NAME/shared``).
+        queue: bytes each link may queue (``"128K"``, ``"1M"``; default 5 ms at the rate, at least 128 KiB:
+            small queues drop packets when several nodes send to one, large ones delay MPI's control
+            messages behind data).
+        keep: leave it up when the ``with`` block ends (else removed; one whose owner died: by the next ``up``).
+
+    Raises:
+        PlanError: a name, node count, topology, rate, latency or queue that is not allowed (one line).
+
+    Attributes:
+        plan (Plan): what :meth:`up` builds: names, addresses, links; ``record``: its record while up.
+        up_seconds (float | None): seconds :meth:`up` took (None before, and for an attached cluster).
+    """
 
     def __init__(self, name: str = "vc", nodes: int = 4, topology: str = "switch", bandwidth: str | int = "1gbit",
                  latency: str | float | None = None, *, slurm: bool = False, shared: str | os.PathLike | None = None,
@@ -64,7 +78,9 @@ class VirtualCluster(Faults):
     # -- life -------------------------------------------------------------------------------
     @classmethod
     def attach(cls, name: str) -> "VirtualCluster":
-        """The running cluster called ``name`` (made by ``workbench vcluster up`` or another process)."""
+        """The running cluster called ``name`` (made by ``workbench vcluster up`` or another process), kept up
+        when a ``with`` block ends; PlanError for a name no cluster can have, VirtualClusterError when no
+        cluster of that name is up."""
         from .plan import check_name
         from . import rootless
         check_name(name)
@@ -76,7 +92,16 @@ class VirtualCluster(Faults):
         return vc
 
     def up(self, timeout: float = 60.0) -> "VirtualCluster":
-        """Build the cluster and wait until every node answers (and, with Slurm, every node is idle)."""
+        """Build the cluster, wait until every node answers (and, with Slurm, every node is idle) and return
+        it; nothing is built when it is up already, and what a failed ``up`` built is removed.
+
+        Args:
+            timeout: seconds to wait for Slurm's nodes (for the nodes' answers: 10 at most).
+
+        Raises:
+            VirtualClusterError: not root, a cluster of this name is up already, a node does not answer, or
+                Slurm did not start.
+        """
         if self.record is not None:
             return self
         t0 = time.monotonic()
@@ -119,7 +144,7 @@ class VirtualCluster(Faults):
 
     def down(self) -> list[str]:
         """Remove the cluster: every process on its nodes, its Slurm, namespaces, links and folder.
-        The shared folder stays (runs and checkpoints live there)."""
+        The shared folder stays (runs and checkpoints live there). Returns what was removed, by name."""
         from . import rootless
         name = self.plan.name
         if rootless.held(name):
@@ -148,10 +173,12 @@ class VirtualCluster(Faults):
     # -- what it is -------------------------------------------------------------------------
     @property
     def name(self) -> str:
+        """The cluster's name."""
         return self.plan.name
 
     @property
     def nodes(self) -> int:
+        """How many nodes it has."""
         return self.plan.nodes
 
     @property
@@ -166,14 +193,17 @@ class VirtualCluster(Faults):
 
     @property
     def hostnames(self) -> list[str]:
+        """Each node's host name, by node index (``NAME-0``, ...)."""
         return [self.plan.hostname(i) for i in range(self.nodes)]
 
     @property
     def addresses(self) -> list[str]:
+        """Each node's IPv4 address on the cluster's network, by node index."""
         return [self.plan.address(i) for i in range(self.nodes)]
 
     @property
     def folder(self) -> Path:
+        """The cluster's own folder on the head: its record, scripts (``bin/``) and namespaces' files."""
         return registry.folder(self.name)
 
     @property
@@ -190,7 +220,8 @@ class VirtualCluster(Faults):
                                  for p in wiring.exposed_paths(self.plan))
 
     def status(self) -> dict:
-        """Nodes (hostname, address, processes running) and links (rate, bytes sent so far)."""
+        """Nodes (hostname, address, processes running) and links (rate, bytes sent so far), as a dict;
+        VirtualClusterError for a cluster in a user namespace seen from outside it (use the CLI)."""
         self._not_held("read its status")
         p = self.plan
         return {"name": p.name, "state": (self.record or {}).get("state", "down"), "topology": p.topology,
@@ -222,7 +253,8 @@ class VirtualCluster(Faults):
     # -- running things on nodes ------------------------------------------------------------
     def enter(self, node: int, cwd: str | os.PathLike | None = None) -> list[str]:
         """The argv prefix that runs a command on ``node`` (in its namespaces, in ``cwd`` when the node
-        sees it, else ``/``)."""
+        sees it, else ``/``); PlanError for a bad ``node``, VirtualClusterError outside a rootless cluster's
+        user namespace."""
         self.check_node(node)
         self._not_held("enter a node")
         cwd = os.fspath(cwd) if cwd is not None else os.getcwd()
@@ -232,7 +264,10 @@ class VirtualCluster(Faults):
                 f"--mount={wiring.ns_file(self.plan, node, 'mnt')}", f"--wd={wd}", "--"]
 
     def exec(self, node: int, argv: Sequence[str], *, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
-        """Run ``argv`` on ``node`` and wait (output captured as text unless ``stdout``/``stderr`` are given)."""
+        """Run ``argv`` on ``node``, wait and return ``subprocess.run``'s ``CompletedProcess`` (output captured
+        as text unless ``stdout``/``stderr`` are given; a failing command raises nothing). ``timeout``: seconds
+        before it is killed (``subprocess.TimeoutExpired``); ``kwargs``: ``subprocess.run``'s, ``cwd`` as
+        :meth:`enter` takes it."""
         kwargs.setdefault("capture_output", "stdout" not in kwargs and "stderr" not in kwargs)
         return subprocess.run([*self.enter(node, kwargs.pop("cwd", None)), *argv], text=True, timeout=timeout, **kwargs)
 
@@ -243,7 +278,7 @@ class VirtualCluster(Faults):
                                       f"runs inside it: workbench vcluster exec|mpiexec|status {self.name} ...")
 
     def check_node(self, node) -> None:
-        """A one-line PlanError unless ``node`` is one of this cluster's node indices."""
+        """A one-line PlanError unless ``node`` is one of this cluster's node indices (an int, 0..nodes-1)."""
         if not isinstance(node, int) or isinstance(node, bool) or not 0 <= node < self.nodes:
             raise PlanError(f"node: must be 0..{self.nodes - 1} on vcluster {self.name}; got {node!r}")
 
@@ -253,7 +288,8 @@ class VirtualCluster(Faults):
         default all), ``ppn`` per node in block order (ranks 0..ppn-1 on the first, ...), started through
         :attr:`standin`, in ``wdir`` (default: this directory if the nodes see it, else the shared folder),
         in the words of the MPI library ``flavour`` (default the one the launchers run:
-        :func:`workbench.mpilib.flavour`)."""
+        :func:`workbench.mpilib.flavour`). A PlanError when ``nranks`` or ``ppn`` is not an integer >= 1, a node
+        is not one of the cluster's, or the nodes cannot hold ``nranks`` at ``ppn`` per node."""
         from ..checks import integer
         integer("ranks", nranks, error=PlanError)
         integer("ppn", ppn, error=PlanError)
@@ -294,7 +330,9 @@ class VirtualCluster(Faults):
         """Keyword arguments of :func:`~workbench.runtime.launch.launcher.run_mpi` that run its ranks on
         the nodes (``nodes``: those of them; default all): hosts and launcher, transport, the job's folder
         (``job_dir``, default the shared folder's ``jobs/``: the nodes write there), the head address for
-        the ranks' heartbeats and the network mpiexec starts in (:meth:`launcher_network`)."""
+        the ranks' heartbeats and the network mpiexec starts in (:meth:`launcher_network`). ``nranks``, ``ppn``,
+        ``cwd`` (the ranks' working directory) and ``nodes``: as :meth:`mpiexec_args` takes them; PlanError as it
+        raises, or when the nodes do not see ``job_dir``."""
         job_dir = Path(job_dir) if job_dir is not None else self.shared / "jobs"
         if not self.visible(job_dir):
             raise PlanError(f"job_dir: {job_dir} is not seen by the nodes of vcluster {self.name} (they have "
@@ -304,7 +342,8 @@ class VirtualCluster(Faults):
 
     def slurm_env(self) -> dict[str, str]:
         """``SLURM_CONF`` of the cluster's Slurm and ``PATH`` with its commands first (they run as the
-        head, whose name resolves to its bridge address, so srun's own ports are reachable from the nodes)."""
+        head, whose name resolves to its bridge address, so srun's own ports are reachable from the nodes);
+        PlanError for a cluster without Slurm."""
         if not self.plan.slurm:
             raise PlanError(f"slurm: vcluster {self.name} has no Slurm (`workbench vcluster up {self.name} --slurm`)")
         from .slurm import root_of

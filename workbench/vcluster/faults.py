@@ -15,21 +15,55 @@ class Faults:
 
     def answering(self, timeout: float = 2.0) -> list[int]:
         """The nodes that answer the head now (a TCP connection to a closed port, refused at once by a node
-        that is there), in order: a partitioned node, or one killed with ``down=True``, does not."""
+        that is there), in order: a partitioned node, or one killed with ``down=True``, does not.
+
+        Args:
+            timeout: seconds to wait for each node's answer.
+
+        Returns:
+            The indices of the nodes that answer.
+        """
         return wiring.answering(self.plan, timeout)
 
     def partition(self, node: int) -> None:
-        """Cut node ``node`` off: every link of it down, nothing reaches it or leaves it; its processes run on."""
+        """Cut node ``node`` off: every link of it down, nothing reaches it or leaves it; its processes run on.
+
+        Args:
+            node: the node's index.
+
+        Raises:
+            PlanError: ``node`` is not one of the cluster's node indices.
+            VirtualClusterError: a link could not be set down.
+        """
         self.set_link(node, False)
 
     def heal(self, node: int) -> None:
-        """Node ``node``'s links up again (and its routes through them)."""
+        """Node ``node``'s links up again (and its routes through them).
+
+        Args:
+            node: the node's index.
+
+        Raises:
+            PlanError: ``node`` is not one of the cluster's node indices.
+            VirtualClusterError: a link or route could not be set.
+        """
         self.set_link(node, True)
 
     def restore(self, node: int) -> dict:
         """Node ``node`` back, empty, as after a reboot: its processes killed, its own ``/tmp`` and
         ``/dev/shm`` emptied (what the cluster exposes there, such as the shared folder, is left alone) and
-        its SysV IPC removed, its links up. Returns what went: ``{"processes": n, "files": n}``."""
+        its SysV IPC removed, its links up.
+
+        Args:
+            node: the node's index.
+
+        Returns:
+            What went: ``{"processes": n, "files": n}``.
+
+        Raises:
+            PlanError: ``node`` is not one of the cluster's node indices.
+            subprocess.TimeoutExpired: emptying its folders took more than 60 s.
+        """
         self.check_node(node)
         killed = self.kill_node(node)
         keep = " ".join(f"'{p}'" for p in wiring.exposed_paths(self.plan))
@@ -42,7 +76,16 @@ class Faults:
         return {"processes": len(killed), "files": int(done.stdout.split()[-1]) if done.stdout.split() else 0}
 
     def set_link(self, node: int, up: bool) -> None:
-        """Take node ``node``'s links down (a partition: nothing reaches it or leaves it) or up again."""
+        """Take node ``node``'s links down (a partition: nothing reaches it or leaves it) or up again.
+
+        Args:
+            node: the node's index.
+            up: True: up (with its routes), False: down.
+
+        Raises:
+            PlanError: ``node`` is not one of the cluster's node indices.
+            VirtualClusterError: ``ip`` failed to set a link or route.
+        """
         self.check_node(node)
         devices = ["eth0"] + [c.device(node) for c in self.plan.cables if node in (c.a, c.b)]
         tools.ip_batch([f"link set dev {d} {'up' if up else 'down'}" for d in devices],
@@ -55,8 +98,18 @@ class Faults:
 
     def kill_node(self, node: int, down: bool = False) -> list[int]:
         """SIGKILL every process on ``node`` at once (a node that crashed; its namespaces, files and links
-        stay: :meth:`restore` brings it back empty). ``down``: its links go down as well, as a crashed machine
-        that answers nothing until :meth:`restore`. Returns the pids killed."""
+        stay: :meth:`restore` brings it back empty).
+
+        Args:
+            node: the node's index.
+            down: its links go down as well, as a crashed machine that answers nothing until :meth:`restore`.
+
+        Returns:
+            The pids killed.
+
+        Raises:
+            PlanError: ``node`` is not one of the cluster's node indices.
+        """
         import signal
         self.check_node(node)
         pids = self.processes(node)

@@ -6,8 +6,9 @@ network model, :func:`workbench.netsim.costs.tcp_link`; ``benchmarks/vcluster.py
     from workbench.vcluster.probe import one_way_latency
     one_way_latency(vc)            # seconds, nodes 0 -> 1 -> 0, median of 2000 round trips / 2
 
-The kernel's own latency (this kernel has no netem): 22-36 us one way on an idle machine; on a
-loaded one the wake-ups of the two processes are in it too, as they are in a rank's all-reduce.
+The kernel's own latency (this kernel has no netem), one way on an idle machine: benchmarks/README.md,
+"A virtual cluster" (each all-reduce's heading gives it); on a loaded one the wake-ups of the two
+processes are in it too, as they are in a rank's all-reduce.
 """
 from __future__ import annotations
 

@@ -199,8 +199,8 @@ def teardown_any(name: str) -> list[str]:
 def _one_cpu() -> None:
     """Pin the holder, and so the namespaces it makes, to one CPU. The kernel keeps a mount namespace
     bound to a file only in a namespace older than it (by its id); on this machine's 6.18 kernel,
-    binding a node's namespace inside the holder's failed with EINVAL in 9 of 16 holders (measured;
-    every node of a failing holder failed, retries included) and in none of 8 once the holder and
+    binding a node's namespace inside the holder's failed with EINVAL in about half the holders
+    (every node of a failing holder failed, retries included) and in none once the holder and
     its children ran on one CPU: the ids seem to come in per-CPU batches, so a namespace made later
     on the other CPU can have the lower id. The nodes' own processes are not the holder's children
     (they enter with nsenter) and keep every CPU."""

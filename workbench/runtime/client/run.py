@@ -53,7 +53,22 @@ class Run(Incarnations, RunHandle):
     """A live run (a :class:`~.handle.RunHandle`) on a cluster's engines (an :class:`~.engines.Engines`
     launcher), its records coming on a signed ZeroMQ stream. ``history`` (DataFrame) and ``trace`` (list
     of spans) grow while it trains. With ``cfg.max_restarts``, a run that fails with a checkpoint behind it
-    starts again from it on new engines, as one run (:class:`~.incarnations.Incarnations`)."""
+    starts again from it on new engines, as one run (:class:`~.incarnations.Incarnations`). Made by
+    :meth:`Cluster.train <workbench.runtime.client.cluster.Cluster.train>`, whose arguments it takes.
+
+    Attributes:
+        run_id (str): the run's id, unique in its store (the run folder's name unless the store holds that one).
+        cfg (RunConfig): the :class:`~workbench.config.RunConfig`; ``config``: the same as a dict.
+        run_dir (Path): the run's folder: ``config.json``, and the files rank 0 writes at the end.
+        store (Store | None): the :class:`~workbench.store.Store` it is recorded in (None: nowhere).
+        error (str | None): why it failed (a rank's traceback, or how its engine ended), else None.
+        failed_rank (int | None): the rank blamed for the failure (None: unknown, or none failed).
+        result (RunResult | None): the :class:`~workbench.results.RunResult` once it ended; ``summary``: its summary.
+        restarts (list[dict]): the faults it came back from, one dict each (``summary.json``'s ``restarts``).
+        started (float): when it was launched (unix seconds).
+        latencies (deque[float]): seconds from a rank's send to the notebook's receipt, per message (the last 100 000).
+        rejected_messages (int): live-stream messages dropped because they were not signed with this run's secret.
+    """
 
     def __init__(self, cluster, cfg: RunConfig, run_dir=None, *, store=None, timeout: float = 3600.0,
                  sweep_id: str | None = None, sweep_key: str | None = None) -> None:
@@ -102,11 +117,15 @@ class Run(Incarnations, RunHandle):
 
     # -- what the notebook sees ------------------------------------------------------------
     def wait(self, timeout: float | None = None) -> RunResult:
-        """Block until the run ends and return its :class:`RunResult`.
-
-        Raises :class:`TimeoutError` after ``timeout`` seconds (the run goes on) and
-        :class:`RunError` naming the rank when a rank failed. Interrupting the kernel here
+        """Block until the run ends and return its :class:`RunResult`. Interrupting the kernel here
         cancels the run (and re-raises ``KeyboardInterrupt``).
+
+        Args:
+            timeout: seconds to wait at most (None: until it ends).
+
+        Raises:
+            TimeoutError: after ``timeout`` seconds; the run goes on (``wait()`` again, or ``cancel()`` it).
+            RunError: a rank failed; the error names the rank (``rank``) and holds its traceback.
         """
         try:
             self._wait_done(timeout)
@@ -117,7 +136,13 @@ class Run(Incarnations, RunHandle):
         return self._outcome()
 
     def cancel(self, timeout: float = 30.0) -> RunResult | None:
-        """Ask the ranks to stop; kill them if they have not within ``timeout`` seconds."""
+        """Ask the ranks to stop at their next evaluation point or exchange (a run that ended is left as it
+        is), kill them if they have not within ``timeout`` seconds, and return :attr:`result` (None if they
+        could not be ended).
+
+        Args:
+            timeout: seconds the ranks have to stop before they are killed.
+        """
         if not self.done():
             self._cancel_requested = True
             (self.run_dir / CANCEL_FILE).write_text(str(time.time()))
