@@ -113,9 +113,15 @@ def test_the_site_links_each_page_to_the_sites_copy_and_names_other_files():
     notebook = {"cells": [{"cell_type": "code", "outputs": [{"data": {"text/html": [bundle, figure]}}]},
                           {"cell_type": "code", "outputs": [{"data": {"text/html": figure}}, {"text": "x"}]}]}
     linked = json.loads(tool.plotlyjs_linked(json.dumps(notebook)))
-    assert linked["cells"][0]["outputs"][0]["data"]["text/html"] == \
-        '<script type="text/javascript" src="../assets/plotly.min.js"></script>' + figure
+    script = '<script type="text/javascript" src="../assets/plotly.min.js"></script>'
+    assert linked["cells"][0]["outputs"][0]["data"]["text/html"] == script + figure
     assert linked["cells"][1] == notebook["cells"][1]
+    # a figure shown as plotly's own output type (fig.show()) gets an HTML form that draws it, plotly.js first
+    shown = {"cells": [{"cell_type": "code", "outputs": [{"data": {tool.PLOTLY_MIME: {
+        "data": [{"type": "scatter", "x": [1, 2], "y": [3, 4], "name": "loss"}], "layout": {}}}}] * 2}]}
+    first, second = (o["data"]["text/html"] for o in json.loads(tool.plotlyjs_linked(json.dumps(shown)))["cells"][0]["outputs"])
+    assert first.startswith(script) and "Plotly.newPlot" in first and '"loss"' in first
+    assert "Plotly.newPlot" in second and script not in second  # plotly.js once a page
     reference = tool.cli_reference()
     assert "## workbench train" in reference and "--max-restarts" in reference and "### workbench vcluster up" in reference
     from workbench.optim.registry import ALGORITHMS

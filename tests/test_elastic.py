@@ -111,8 +111,12 @@ def test_a_killed_rank_restarts_from_the_checkpoint_and_the_run_ends_as_if_never
                             capture_output=True, text=True, timeout=60).stdout
     assert re.search(r"elastic +\S+ \S+ +finished \(1 restart\) +sync-sgd", listed), listed
     from workbench.dashboard.figures import loss_figure  # the dashboard marks it, its cause on hover
-    [drawn] = [t for t in loss_figure(stored.history).data if t.name == "fault: restarted"]
+    figure = loss_figure(stored.history)
+    [drawn] = [t for t in figure.data if t.name == "fault: restarted"]
     assert list(drawn.x) == [mark["t"]] and "signal 9" in drawn.hovertext[0]
+    for line in figure.data[:-1]:  # each rank's loss and the accuracy: the pen lifted at the fault, not drawn across
+        gaps = [x for x, y in zip(line.x, line.y) if y != y]
+        assert gaps == [mark["t"]], (line.name, gaps)
 
 
 #: two ranks save a checkpoint at step 10 (lock-step: every rank's part; master-based: each its own); then each

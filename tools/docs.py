@@ -207,21 +207,33 @@ def assemble(with_notebooks: bool = True) -> None:
 
 #: plotly.js on the site: one file, which every notebook page loads, instead of 5 MB embedded in each
 PLOTLYJS_FILE = "assets/plotly.min.js"
+#: the output type of a plotly figure shown with ``fig.show()`` in JupyterLab
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
 
 
 def plotlyjs_linked(notebook: str) -> str:
-    """An executed notebook's JSON text with the plotly.js bundle it embeds (once: ``workbench.demo.slim``) replaced by
-    a script that loads the site's copy (:data:`PLOTLYJS_FILE`), at the same place, so the figures after it find
-    ``window.Plotly`` as before."""
+    """An executed notebook's JSON text as the site shows it: the plotly.js bundle it embeds (once:
+    ``workbench.demo.slim``) replaced by a script that loads the site's copy (:data:`PLOTLYJS_FILE`), at the same
+    place, so the figures after it find ``window.Plotly`` as before; and each figure a notebook showed as plotly's
+    own output type alone (``fig.show()``: JupyterLab draws it, a static page cannot) given an HTML form that
+    draws it, after that script (added before the first such figure when nothing loaded plotly.js earlier)."""
+    import plotly.io
     from workbench.demo import PLOTLYJS
     data = json.loads(notebook)
     script = f'<script type="text/javascript" src="../{PLOTLYJS_FILE}"></script>'
+    loaded = False
     for cell in data["cells"]:
         for output in cell.get("outputs", []):
-            html = output.get("data", {}).get("text/html")
-            if html is not None:
-                html = "".join(html) if isinstance(html, list) else html
-                output["data"]["text/html"] = PLOTLYJS.sub(lambda _: script, html)
+            shown = output.get("data", {})
+            if "text/html" in shown:
+                html = "".join(shown["text/html"]) if isinstance(shown["text/html"], list) else shown["text/html"]
+                linked = PLOTLYJS.sub(lambda _: script, html)
+                loaded = loaded or linked != html
+                shown["text/html"] = linked
+            elif PLOTLY_MIME in shown:
+                figure = plotly.io.to_html(shown[PLOTLY_MIME], include_plotlyjs=False, full_html=False)
+                shown["text/html"] = ("" if loaded else script) + figure
+                loaded = True
     return json.dumps(data, indent=1, ensure_ascii=False)
 
 

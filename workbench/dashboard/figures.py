@@ -44,15 +44,28 @@ def loss_traces(history: pd.DataFrame, algorithm: str | None = None) -> list[dic
     """
     traces = []
     train = history[history["kind"] == "train"]
+    # a restart's fault breaks each line there: no run went on between the checkpoint and the next incarnation
+    breaks = history.loc[history["kind"] == "fault", "t"].astype(float).to_numpy()
     for rank in sorted(train["rank"].dropna().unique()):
         part = _downsample(train[train["rank"] == rank].sort_values("t")[["t", "loss"]].astype(float), "loss")
+        part = _broken(part, "loss", breaks)
         traces.append(dict(type="scatter", x=part["t"].to_numpy(), y=part["loss"].to_numpy(), mode="lines",
                            name=f"loss rank {int(rank)}", line=dict(width=1.5), yaxis="y"))
-    evals = history[(history["kind"] == "eval")].sort_values("t")
-    traces.append(dict(type="scatter", x=evals["t"].astype(float).to_numpy(),
-                       y=evals["test_accuracy"].astype(float).to_numpy(), mode="lines+markers",
-                       name=accuracy_label(algorithm), line=dict(color="black", dash="dot"), yaxis="y2"))
+    evals = _broken(history[(history["kind"] == "eval")].sort_values("t")[["t", "test_accuracy"]].astype(float),
+                    "test_accuracy", breaks)
+    traces.append(dict(type="scatter", x=evals["t"].to_numpy(), y=evals["test_accuracy"].to_numpy(),
+                       mode="lines+markers", name=accuracy_label(algorithm), line=dict(color="black", dash="dot"),
+                       yaxis="y2"))
     return traces + fault_traces(history)
+
+
+def _broken(part: pd.DataFrame, column: str, at: np.ndarray) -> pd.DataFrame:
+    """``part`` (sorted by ``t``) with a gap (NaN, where plotly lifts the pen) at each time in ``at`` inside it."""
+    inside = [t for t in at if len(part) and part["t"].iloc[0] < t < part["t"].iloc[-1]]
+    if not inside:
+        return part
+    gaps = pd.DataFrame({"t": inside, column: np.nan})
+    return pd.concat([part, gaps]).sort_values("t", kind="stable").reset_index(drop=True)
 
 
 #: the records that mark a fault on a run's clock: a restart's fault (``workbench train --max-restarts``) and
