@@ -64,9 +64,9 @@ def _rank_process(cli: subprocess.Popen, rank: int):
     return None
 
 
-def _curve(run_dir: Path) -> list[list[float]]:
-    """The run's evaluations as [count of updates, test accuracy]: by step, or by arrival at a master."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"eval"' in line]
+def _curve(records: list[dict]) -> list[list[float]]:
+    """A run's evaluations among its ``records`` (metrics.jsonl) as [count of updates, test accuracy]: by step, or
+    by arrival at a master."""
     counted = [(r.get("step") if r.get("step") is not None else r.get("arrivals"), r) for r in records]
     return sorted([count, r["test_accuracy"]] for count, r in counted if r.get("kind") == "eval" and count is not None)
 
@@ -120,9 +120,10 @@ def one_run(vc, family: str, args, fault: str | None, scratch: Path, python: str
         row["error"] = err[-2000:]
         return row
     summary = json.loads((run_dir / "summary.json").read_text())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     row.update(final_test_accuracy=summary["final_test_accuracy"], steps_per_worker=summary.get("steps_per_worker"),
                bytes_sent=summary.get("bytes_sent"), world_sizes=summary.get("world_sizes", [4]),  # every incarnation's
-               curve=_curve(run_dir))
+               curve=_curve(records))
     for fault_record in summary.get("restarts", []):
         row["detection_seconds"] = round(fault_record["detected"] - row["fault_time"], 2)
         row["recovery_seconds"] = fault_record.get("recovery_seconds")
@@ -133,8 +134,7 @@ def one_run(vc, family: str, args, fault: str | None, scratch: Path, python: str
         row["stderr"] = [line for line in err.splitlines() if "fault 1" in line or "goes on at" in line]
     if summary.get("workers_lost"):  # served on without the worker: no restart
         row["workers_lost"] = summary["workers_lost"]
-        lost = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()
-                if '"lost"' in line]
+        lost = [r for r in records if r.get("kind") == "lost"]
         row["lost_record_t"] = lost[0]["t"] if lost else None  # seconds on the run's clock
     return row
 

@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the workbench of this checkout: the references are generated from it
 SOURCE = ROOT / "build" / "docs-src"
 EXECUTED = ROOT / "build" / "notebooks"  # the notebooks as tests/test_notebooks.py executed them
 #: files of the repository that the site holds a copy of: repository path -> site path
@@ -87,7 +88,6 @@ def relink(text: str, repo_path: str, site: str) -> str:
 
 def cli_reference() -> str:
     """Every ``workbench`` command's help, as the parser prints it."""
-    sys.path.insert(0, str(ROOT))
     from workbench.cli import build_parser
     parser = build_parser()
     out = ["# Command-line reference", "", "Generated from the parser (`workbench COMMAND --help`).", "",
@@ -117,23 +117,17 @@ def api_reference() -> str:
 
 def options_table() -> list[str]:
     """Every field of ``RunConfig``, as it is declared (``workbench/options.py``): its default and what it is."""
-    import dataclasses
-    sys.path.insert(0, str(ROOT))
     from workbench.cli import build_parser
-    from workbench.config import RunConfig
+    from workbench.config import options
     parser = build_parser()
     train = next(a for a in parser._subparsers._group_actions).choices["train"]  # noqa: SLF001
     flags = {a.dest for a in train._actions}  # noqa: SLF001
     rows = ["### RunConfig's fields", "", "Each is also a `workbench train` option (`--name-with-dashes`) unless "
             "marked; an algorithm that does not use one refuses it in one line.", "",
             "| field | default | what it is |", "|---|---|---|"]
-    for f in dataclasses.fields(RunConfig):
-        declared = f.metadata.get("option")
-        if declared is None:
-            continue
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+    for name, declared in options().items():  # every RunConfig field, as declared
         text = " ".join(declared.help.split()).replace("|", "\\|")
-        rows.append(f"| `{f.name}` | `{default!r}` | {text}{'' if f.name in flags else ' (not on the command line)'} |")
+        rows.append(f"| `{name}` | `{declared.default!r}` | {text}{'' if name in flags else ' (not on the command line)'} |")
     return rows + [""]
 
 
@@ -145,7 +139,6 @@ FAMILY_PAPER = {"lock-step": "papers.md#1-easgd-for-hpc-clusters-you-buluc-demme
 
 def algorithms_reference() -> str:
     """The built-in training algorithms, from their definitions (``workbench/optim/registry.py``)."""
-    sys.path.insert(0, str(ROOT))
     from workbench.optim.definition import EXCHANGES
     from workbench.optim.registry import ALGORITHMS
     out = ["# The training algorithms", "", f"The {len(ALGORITHMS)} built-in algorithms, as their definitions in "
@@ -197,7 +190,6 @@ def assemble(with_notebooks: bool = True) -> None:
     for name, make in zip(GENERATED, (cli_reference, api_reference, algorithms_reference)):
         (SOURCE / name).write_text(make())
     if with_notebooks:
-        sys.path.insert(0, str(ROOT))
         for notebook in executed_notebooks():
             (SOURCE / "notebooks" / notebook.name).write_text(plotlyjs_linked(notebook.read_text()))
         from plotly.offline import get_plotlyjs  # the bundle the notebooks embedded, from the same package

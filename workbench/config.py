@@ -420,10 +420,8 @@ class RunConfig:
     def __repr__(self) -> str:
         """``RunConfig(algorithm='diloco', ranks=8, epochs=3)``: the algorithm and the fields that differ from their
         defaults, as scikit-learn prints an estimator (:meth:`to_dict` has every field)."""
-        def default(f: dataclasses.Field) -> Any:
-            return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
-        shown = [f"{f.name}={getattr(self, f.name)!r}" for f in dataclasses.fields(self)
-                 if f.name == "algorithm" or getattr(self, f.name) != default(f)]
+        shown = [f"{name}={getattr(self, name)!r}" for name, declared in options().items()
+                 if name == "algorithm" or getattr(self, name) != declared.default]
         return f"RunConfig({', '.join(shown)})"
 
     # -- serialisation -------------------------------------------------------------------
@@ -462,13 +460,20 @@ class RunConfig:
 UNSET = {name: opt.default for name, opt in scoped().items()}
 
 
+def workers_of(values: dict[str, Any]) -> int:
+    """:attr:`RunConfig.workers` of a RunConfig's fields as a dict (``to_dict()``, a stored config): the ranks
+    that train, all but the master of a master-based algorithm. Raises what :func:`definition_of` raises for an
+    algorithm it cannot find."""
+    return values["ranks"] - 1 if definition_of(values["algorithm"]).master_based else values["ranks"]
+
+
 def hyper_of(values: dict[str, Any]) -> Hyper:
     """:attr:`RunConfig.hyper` of a RunConfig's fields as a dict (``to_dict()``, a stored config):
     the caller's ``lr``, ``momentum`` and ``rho``, else the algorithm's and ``rho = BETA / (p * lr)``.
     An AdamW inner optimizer (the periodic-averaging family) has its own default lr
     (:data:`ADAMW_LR`) and no momentum (its betas)."""
     spec = definition_of(values["algorithm"])
-    workers = values["ranks"] - 1 if spec.master_based else values["ranks"]
+    workers = workers_of(values)
     adamw = spec.uses("inner_optimizer") and values.get("inner_optimizer") == "adamw"
     lr = (ADAMW_LR if adamw else spec.default_lr) if values.get("lr") is None else values["lr"]
     momentum = (0.0 if adamw else spec.default_momentum) if values.get("momentum") is None else values["momentum"]

@@ -182,13 +182,15 @@ def timeline_figure(trace: list[dict], ranks: int, window_seconds: float = 2.0,
     return go.Figure(data=traces, layout=timeline_layout(ranks, x_range, title, in_flight))
 
 
-def _master_based(config: dict) -> bool:
-    """Whether the run's algorithm has a master (rank 0 trains on nothing); False for one that is not known here."""
-    from ..optim.registry import UnknownAlgorithm, definition_of
+def _workers(config: dict) -> int:
+    """The ranks of a run's configuration that train (:func:`workbench.config.workers_of`); all of them for an
+    algorithm not known here (a user's module this process cannot import)."""
+    from ..config import workers_of
+    from ..optim.registry import UnknownAlgorithm
     try:
-        return definition_of(config.get("algorithm")).master_based
+        return max(1, workers_of(config))
     except (UnknownAlgorithm, ImportError, ValueError):
-        return False
+        return max(1, int(config.get("ranks", 1)))
 
 
 def status_line(source) -> tuple[str, float]:
@@ -207,8 +209,7 @@ def status_line(source) -> tuple[str, float]:
         if steps and total:
             # a restart (at fewer ranks, or redoing steps) leaves records that no longer add up to the plan: the
             # furthest worker's steps against the steps each worker plans (the plan's steps over its workers)
-            workers = max(1, int(config.get("ranks", 1)) - (1 if _master_based(config) else 0))
-            steps, total, per_worker = int(train["step"].max()) + 1, -(-total // workers), " a worker"
+            steps, total, per_worker = int(train["step"].max()) + 1, -(-total // _workers(config)), " a worker"
     fraction = min(1.0, steps / total) if total else (1.0 if source.done() else 0.0)
     eta = (elapsed / fraction - elapsed) if 0 < fraction < 1 else 0.0
     epoch = fraction * config.get("epochs", 0)

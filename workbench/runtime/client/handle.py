@@ -190,19 +190,20 @@ class RunHandle(LiveSource):
     _stop_hint = " or cancel() it"
 
     def __repr__(self) -> str:
-        with self._lock:
-            steps = sum(1 for r in self._records if r.get("kind") == "train")
         algorithm = self.config.get("algorithm") if self.config else None
-        total = self.total_steps if self.total_steps is not None else "?"
+        return f"<workbench.{self.kind} {self.run_id}{' ' + algorithm if algorithm else ''} {self.status}: " \
+               f"{', '.join(self._said())}>"
+
+    def _said(self) -> list[str]:
+        """What the repr says after the status: the steps so far, or once ended the steps each worker took (a
+        restart at fewer ranks leaves fewer records than planned) and the accuracy."""
         summary = (self.result.summary or {}) if self.result is not None else {}
-        # an ended run: the steps each worker took (a restart at fewer ranks leaves fewer records than planned)
-        said = [f"{summary['steps_per_worker']} steps a worker" if summary.get("steps_per_worker") is not None
-                else f"{steps}/{total} steps"]
-        accuracy = summary.get("final_test_accuracy")
-        if accuracy is not None:
-            said.append(f"accuracy {accuracy:.3f}")
-        restarts = getattr(self, "restarts", [])  # a run that may restart (Incarnations)
-        if restarts:
-            sizes = [self.cfg.ranks, *(fault["world_size"] for fault in restarts)]  # as summary.json's world_sizes
-            said.append(f"{len(restarts)} restart{'s' * (len(restarts) != 1)} (ranks {'->'.join(map(str, sizes))})")
-        return f"<workbench.{self.kind} {self.run_id}{' ' + algorithm if algorithm else ''} {self.status}: {', '.join(said)}>"
+        if summary.get("steps_per_worker") is not None:
+            said = [f"{summary['steps_per_worker']} steps a worker"]
+        else:
+            with self._lock:
+                steps = sum(1 for r in self._records if r.get("kind") == "train")
+            said = [f"{steps}/{self.total_steps if self.total_steps is not None else '?'} steps"]
+        if summary.get("final_test_accuracy") is not None:
+            said.append(f"accuracy {summary['final_test_accuracy']:.3f}")
+        return said

@@ -10,8 +10,8 @@ and a notebook's run (:class:`~.run.Run`). A mixin of :class:`~.handle.RunHandle
 - at the end ``metrics.jsonl`` begins with what the failed incarnations kept, ``trace.json`` is on the run's
   clock, and ``summary.json`` names the restarts (``restarts``, ``incarnations``, ``world_sizes``) and counts
   the whole run: ``wall_seconds`` on its clock (the faults and restarts in it), ``bytes_sent`` over every
-  incarnation (a failed one's as its ranks' last records had their byte counters: up to a second behind, and
-  the workers' only, a master writing no such record);
+  incarnation (a failed one's as its ranks' last records had their byte counters: a worker's step, up to a
+  second behind; a master's evaluation, up to a tenth of the run behind);
   the per-rank traffic fields (``wire_bytes``, ``..._per_step``) are the last incarnation's.
 """
 from __future__ import annotations
@@ -118,11 +118,25 @@ class Incarnations:
         if summary_path.exists():
             summary = json.loads(summary_path.read_text())
             summary.update(restarts=self.restarts, incarnations=len(self.restarts) + 1,
-                           world_sizes=[self.cfg.ranks] + [f["world_size"] for f in self.restarts],
+                           world_sizes=self.world_sizes,
                            # the whole run: on its clock, faults and restarts in; every incarnation's bytes
                            wall_seconds=round(self._offset() + summary["wall_seconds"], 3),
                            bytes_sent=summary["bytes_sent"] + sum(f["bytes_sent"] for f in self.restarts))
             summary_path.write_text(json.dumps(summary, indent=1))
+
+    @property
+    def world_sizes(self) -> list[int]:
+        """The ranks of each incarnation so far, the first's first (``summary.json``'s ``world_sizes``)."""
+        return [self.cfg.ranks, *(fault["world_size"] for fault in self.restarts)]
+
+    def _said(self) -> list[str]:
+        """The repr's words (:meth:`~.handle.RunHandle._said`) and the restarts with the ranks of each
+        incarnation."""
+        said = super()._said()  # type: ignore[misc]  # a mixin of RunHandle
+        if self.restarts:
+            said.append(f"{len(self.restarts)} restart{'s' * (len(self.restarts) != 1)} "
+                        f"(ranks {'->'.join(map(str, self.world_sizes))})")
+        return said
 
     def _at(self, ranks: int):
         """The run's configuration at ``ranks`` ranks: its own, or fewer with ``planned_ranks`` (its steps and
